@@ -1,0 +1,218 @@
+"""Build llama-cpp-python from its sdist with the project's llama.cpp patches.
+
+Steps: locate (or `pip download`) the sdist -> untar -> apply ``patches/llama.cpp/*.patch``
+to ``vendor/llama.cpp`` -> ``pip wheel`` with ``CMAKE_ARGS`` (build dir kept) -> build the
+vendored tools (llama-perplexity, llama-quantize, llama-imatrix, llama-bench) in the same
+tree -> cache wheel + tools under a key of version + sdist hash + patch hash + flags.
+A second build with the same key is a cache hit: only ``pip install`` of the cached wheel.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+VENDORED_LLAMA_CPP_COMMIT = "0c1e57098"
+TOOLS = ("llama-perplexity", "llama-quantize", "llama-imatrix", "llama-bench")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PATCH_DIR = REPO_ROOT / "patches" / "llama.cpp"
+
+
+class BuildError(RuntimeError):
+    """A backend build step failed; the message says which."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DSA_CACHE", Path.home() / ".cache" / "dsa"))
+
+
+@dataclass
+class BuildConfig:
+    cuda: bool = False
+    cuda_arch: str = "90"
+    jobs: int = max(1, os.cpu_count() or 1)
+    extra_cmake_args: list[str] = field(default_factory=list)
+    sdist: Path | None = None
+
+    def cmake_args(self) -> list[str]:
+        args = [
+            "-DLLAVA_BUILD=OFF",  # multimodal library not needed; saves build time
+            "-DLLAMA_BUILD_TOOLS=ON",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_BUILD_APP=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+        ]
+        if self.cuda:
+            args += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_arch}"]
+        return args + list(self.extra_cmake_args)
+
+
+def patch_files() -> list[Path]:
+    return sorted(PATCH_DIR.glob("*.patch")) if PATCH_DIR.is_dir() else []
+
+
+def patch_hash() -> str:
+    h = hashlib.sha256()
+    for p in patch_files():
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16] if patch_files() else "none"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def find_sdist(cfg: BuildConfig) -> Path:
+    """The sdist given, one in the cache, or one fetched from PyPI into the cache."""
+    if cfg.sdist is not None:
+        if not cfg.sdist.is_file():
+            raise BuildError(f"sdist not found: {cfg.sdist}")
+        return cfg.sdist
+    d = cache_root() / "sdist"
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    if (d / name).is_file():
+        return d / name
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(d)]
+    if subprocess.run(cmd).returncode != 0 or not (d / name).is_file():
+        raise BuildError(f"could not download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist from PyPI")
+    return d / name
+
+
+def build_key(cfg: BuildConfig, sdist: Path) -> str:
+    ident = {
+        "version": LLAMA_CPP_PYTHON_VERSION,
+        "sdist_sha256": _sha256_file(sdist),
+        "patch": patch_hash(),
+        "cmake_args": cfg.cmake_args(),
+        "machine": platform.machine(),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{LLAMA_CPP_PYTHON_VERSION}-{'cuda' if cfg.cuda else 'cpu'}-{digest}"
+
+
+def backend_dir(key: str) -> Path:
+    return cache_root() / "backend" / key
+
+
+def _run(cmd: list[str], log, cwd: Path | None = None, env: dict | None = None) -> None:
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise BuildError(f"command failed (exit {rc}): {' '.join(cmd[:4])} … — see {log.name}")
+
+
+def apply_patches(src: Path, log) -> None:
+    for p in patch_files():
+        _run(["patch", "-p1", "--forward", "--batch", "-i", str(p)], log, cwd=src / "vendor" / "llama.cpp")
+
+
+def build(cfg: BuildConfig, install: bool = True, say=print) -> Path:
+    """Build (or take from cache) the patched backend; returns its cache directory."""
+    sdist = find_sdist(cfg)
+    key = build_key(cfg, sdist)
+    out = backend_dir(key)
+    if not (out / "build.json").is_file():
+        _build_into(cfg, sdist, key, out, say)
+    else:
+        say(f"backend cache hit: {out}")
+    if install:
+        wheel = next(out.glob("wheel/*.whl"))
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "-q", str(wheel)]
+        if subprocess.run(cmd).returncode != 0:
+            raise BuildError(f"pip install of {wheel.name} failed")
+        _ensure_runtime_deps()
+        current = cache_root() / "backend" / "current"
+        tmp = current.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(out)
+        os.replace(tmp, current)
+    return out
+
+
+def _ensure_runtime_deps() -> None:
+    try:
+        import diskcache  # noqa: F401
+        import jinja2  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "diskcache>=5.6.1", "jinja2>=2.11.3"])
+
+
+def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None:
+    work = Path(tempfile.mkdtemp(prefix=f"dsa-backend-{key}-", dir=cache_root()))
+    log_path = cache_root() / "backend" / f"{key}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (patch {patch_hash()}, "
+        f"{'CUDA' if cfg.cuda else 'CPU'}) — log: {log_path}")
+    with open(log_path, "w") as log:
+        with tarfile.open(sdist) as tf:
+            tf.extractall(work, filter="data")
+        src = next(p for p in work.iterdir() if p.is_dir())
+        apply_patches(src, log)
+        env = dict(os.environ)
+        env["CMAKE_ARGS"] = " ".join(cfg.cmake_args())
+        env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(cfg.jobs)
+        bdir = work / "build"
+        staging = work / "stage"
+        (staging / "wheel").mkdir(parents=True)
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(staging / "wheel"),
+              "-C", f"build-dir={bdir}", str(src)], log, env=env)
+        _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *TOOLS], log, env=env)
+        bin_dir = staging / "bin"
+        bin_dir.mkdir()
+        for t in TOOLS:
+            hits = list(bdir.rglob(t))
+            exe = next((h for h in hits if h.is_file() and os.access(h, os.X_OK)), None)
+            if exe is None:
+                raise BuildError(f"tool {t} was not built")
+            shutil.copy2(exe, bin_dir / t)
+        for so in bdir.rglob("*.so*"):
+            if so.is_file() and not (bin_dir / so.name).exists():
+                shutil.copy2(so, bin_dir / so.name)
+        meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
+                "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
+                "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(TOOLS)}
+        (staging / "build.json").write_text(json.dumps(meta, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staging, out)  # atomic publish: a killed build never leaves a half cache entry
+    shutil.rmtree(work, ignore_errors=True)
+    say(f"backend built: {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--no-install", action="store_true")
+    ap.add_argument("--sdist", type=Path)
+    a = ap.parse_args(argv)
+    try:
+        build(BuildConfig(cuda=a.cuda, sdist=a.sdist), install=not a.no_install)
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
