@@ -1,0 +1,70 @@
+"""Find and describe the installed llama.cpp backend (llama-cpp-python + the vendored tools)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import DsaError
+from .build import LLAMA_CPP_PYTHON_VERSION, cache_root, patch_hash
+
+SPARSE_MARKER = b"sparse attention: top-k="
+
+
+class BackendMissing(DsaError):
+    pass
+
+
+def import_llama_cpp():
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError) as e:
+        raise BackendMissing(f"llama.cpp backend not installed ({e.__class__.__name__}); "
+                             "run `dsa backend build` (or scripts/install.sh)") from None
+    return llama_cpp
+
+
+def current_build() -> Path | None:
+    cur = cache_root() / "backend" / "current"
+    return cur.resolve() if (cur / "build.json").is_file() else None
+
+
+def tool_path(name: str) -> tuple[Path, dict]:
+    """Path of a vendored tool (llama-perplexity, llama-quantize, …) and the env to run it."""
+    cur = current_build()
+    if cur is None or not (cur / "bin" / name).is_file():
+        raise BackendMissing(f"{name} not found; run `dsa backend build`")
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = str(cur / "bin") + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    return cur / "bin" / name, env
+
+
+def _lib_dir(llama_cpp) -> Path:
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def backend_info() -> dict:
+    d: dict = {"expected_version": LLAMA_CPP_PYTHON_VERSION, "repo_patch_hash": patch_hash()}
+    try:
+        lc = import_llama_cpp()
+    except BackendMissing as e:
+        d["installed"] = False
+        d["error"] = str(e)
+        return d
+    d["installed"] = True
+    d["version"] = getattr(lc, "__version__", "?")
+    lib = _lib_dir(lc)
+    libs = sorted(p.name for p in lib.glob("*.so*")) if lib.is_dir() else []
+    d["cuda"] = any("ggml-cuda" in n for n in libs)
+    d["gpu_offload"] = bool(lc.llama_supports_gpu_offload())
+    so = next((p for p in lib.glob("libllama.so*")), None)
+    d["sparse_attention"] = bool(so and SPARSE_MARKER in so.read_bytes())
+    cur = current_build()
+    if cur is not None:
+        meta = json.loads((cur / "build.json").read_text())
+        d["build"] = str(cur)
+        d["build_patch_hash"] = meta.get("patch_hash")
+        d["patches"] = meta.get("patches")
+        d["tools"] = meta.get("tools")
+        d["patch_up_to_date"] = meta.get("patch_hash") == patch_hash()
+    return d

@@ -1,0 +1,76 @@
+"""`dsa convert`: HF checkpoint -> GGUF (optionally with a DSA indexer and ASQ prototypes)."""
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from .errors import BadInputError
+from .formats.atomic import atomic_output, check_output
+from .formats.gguf_write import ExtraKV, add_extra_kv, add_model_keys, open_writer, planned_from_arrays, stream_tensors
+from .formats.hf_config import load_config
+from .formats.safetensors_reader import CheckpointReader
+from .formats.tensor_plan import OUTTYPES, plan_tensors
+from .formats.tokenizer import load_vocab, write_vocab
+from .progress import task
+
+
+@dataclass
+class ConvertOptions:
+    model_dir: Path
+    out: Path
+    outtype: str = "f16"
+    force: bool = False
+    quiet: bool = False
+    dsa: Any = None          # dsa_convert.dsa.config.DsaConfig or None for a plain GGUF
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def convert(opts: ConvertOptions) -> dict:
+    t0 = time.perf_counter()
+    if opts.outtype not in OUTTYPES:
+        raise BadInputError(f"unknown --outtype {opts.outtype!r} (choose from {', '.join(OUTTYPES)})")
+    check_output(opts.out, opts.force)
+    spec = load_config(opts.model_dir)
+    vocab = load_vocab(Path(opts.model_dir), spec.vocab_size)
+    reader = CheckpointReader(Path(opts.model_dir))
+    qtype, ftype = OUTTYPES[opts.outtype]
+    plan = plan_tensors(spec, reader, qtype)
+    extra = ExtraKV()
+    report: dict = {}
+    if opts.dsa is not None:
+        from .dsa.retrofit import run_retrofit  # heavy (torch training, sklearn); only when asked
+
+        res = run_retrofit(Path(opts.model_dir), opts.dsa, quiet=opts.quiet)
+        extra.items.update(res.kv)
+        dsa_qt = gguf.GGMLQuantizationType.F32 if opts.outtype == "f32" else gguf.GGMLQuantizationType.F16
+        plan += planned_from_arrays(
+            (name, arr, gguf.GGMLQuantizationType.F32 if arr.ndim == 1 or ".dsa." in name else dsa_qt)
+            for name, arr in res.tensors.items())
+        report["dsa"] = res.report
+    total_bytes = 0
+    with atomic_output(opts.out) as tmp, task("convert", len(plan), quiet=opts.quiet) as bar:
+        w = open_writer(tmp, spec.arch_name)
+        add_model_keys(w, spec, ftype)
+        write_vocab(w, vocab)
+        add_extra_kv(w, extra)
+
+        def done(t):
+            bar.advance(1, info=t.name)
+
+        stream_tensors(w, plan, on_tensor=done)
+    total_bytes = Path(opts.out).stat().st_size
+    reader.close()
+    return {
+        "input": str(opts.model_dir), "output": str(opts.out), "arch": spec.arch_name,
+        "hf_arch": spec.hf_arch, "outtype": opts.outtype, "tensors": len(plan), "bytes": total_bytes,
+        "seconds": round(time.perf_counter() - t0, 3), "peak_rss_mib": round(peak_rss_mib(), 1),
+        "dsa": opts.dsa is not None, **report,
+    }
