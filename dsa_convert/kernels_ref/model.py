@@ -146,7 +146,7 @@ class RefModel:
     def w(self, name: str) -> torch.Tensor:
         t = self._cache.get(name)
         if t is None:
-            t = torch.from_numpy(np.ascontiguousarray(self._load(name), dtype=np.float32)).to(self.device, self.dtype)
+            t = torch.tensor(np.asarray(self._load(name), dtype=np.float32), dtype=self.dtype, device=self.device)
             self._cache[name] = t
         return t
 

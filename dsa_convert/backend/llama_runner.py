@@ -1,0 +1,74 @@
+"""Run a GGUF through llama-cpp-python (the patched llama.cpp): load, logits, tokenization."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BadInputError, DsaError
+from .runtime import import_llama_cpp
+
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
+
+
+@dataclass
+class RunnerOptions:
+    n_ctx: int = 512
+    n_batch: int = 512
+    n_gpu_layers: int = 0
+    flash_attn: bool = False           # explicit: llama-cpp-python defaults off, llama.cpp tools default auto
+    kv_type: str = "f16"
+    kv_overrides: dict = field(default_factory=dict)
+    n_threads: int | None = None
+    logits_all: bool = True
+    verbose: bool = False
+
+
+@contextlib.contextmanager
+def _quiet_stderr(enabled: bool):
+    """llama.cpp logs to fd 2 from C; silence it unless verbose (errors are re-raised as one line)."""
+    if not enabled:
+        yield
+        return
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as dn:
+            os.dup2(dn.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def open_model(path: Path, opts: RunnerOptions):
+    lc = import_llama_cpp()
+    if not Path(path).is_file():
+        raise BadInputError(f"file not found: {path}")
+    if opts.kv_type not in KV_TYPES:
+        raise BadInputError(f"llama.cpp backend: unsupported KV type {opts.kv_type!r} (choose from {', '.join(KV_TYPES)})")
+    kvt = KV_TYPES[opts.kv_type]
+    try:
+        with _quiet_stderr(not opts.verbose):
+            return lc.Llama(
+                model_path=str(path), n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_batch,
+                n_gpu_layers=opts.n_gpu_layers, flash_attn=opts.flash_attn, type_k=kvt, type_v=kvt,
+                kv_overrides=opts.kv_overrides or None, logits_all=opts.logits_all,
+                n_threads=opts.n_threads or (os.cpu_count() or 1),
+                n_threads_batch=opts.n_threads or (os.cpu_count() or 1), verbose=opts.verbose)
+    except ValueError as e:  # llama-cpp-python raises ValueError("Failed to load model from file: …")
+        raise DsaError(f"llama.cpp could not load {Path(path).name}: {e}") from None
+
+
+def eval_logits(llm, tokens: list[int]) -> np.ndarray:
+    """Fresh sequence (cache cleared), returns float32 logits [len(tokens), n_vocab]."""
+    llm.reset()
+    llm._ctx.memory_clear(True) if hasattr(llm._ctx, "memory_clear") else None
+    llm.eval(list(tokens))
+    return np.array(llm.scores[: len(tokens)], dtype=np.float32, copy=True)
+
+
+def tokenize(llm, text: str, add_bos: bool = False) -> list[int]:
+    return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
