@@ -95,18 +95,90 @@ def convert(
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:
         raise typer.BadParameter("--no-dsa cannot be combined with DSA options")
-    dsa_cfg = None
-    if wants_dsa:
-        from .dsa.config import make_dsa_config
-
-        dsa_cfg = make_dsa_config(**{k: v for k, v in dsa_opts.items() if v is not None},
-                                  device=device, seed=seed, allow_eval_calib=allow_eval_calib)
+    dsa_cfg = _dsa_config(dsa_opts, device, seed, allow_eval_calib) if wants_dsa else None
     res = run(ConvertOptions(model_dir, out, outtype=outtype, force=force, quiet=as_json, dsa=dsa_cfg))
     if as_json:
         emit_json(res)
     else:
         print(f"wrote {res['output']} ({res['bytes'] / 2**20:.1f} MiB, {res['tensors']} tensors, "
               f"{res['seconds']:.1f} s, peak RSS {res['peak_rss_mib']:.0f} MiB)", file=sys.stderr)
+
+
+def _dsa_config(opts: dict, device: str, seed: int, allow_eval_calib: bool):
+    """DsaConfig from CLI options; refuses calibration text identical to the evaluation text."""
+    import hashlib
+
+    from .dsa.config import DsaConfig
+    from .errors import BadInputError
+    from .eval.data import candidates
+
+    kw = {k: v for k, v in opts.items() if v is not None}
+    if "calib" not in kw:
+        from .eval.data import _REPO
+
+        kw["calib"] = _REPO.parent / "shared" / "data" / "calib" / "books-calib.txt"
+    cfg = DsaConfig(**kw, device=device, seed=seed).validate()
+    if not allow_eval_calib:
+        digest = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
+        mine = digest(cfg.calib)
+        for c in candidates("wikitext2"):
+            if c.is_file() and digest(c) == mine:
+                raise BadInputError(f"calibration text {cfg.calib} is the evaluation text ({c}); "
+                                    "use disjoint text or pass --allow-eval-calib")
+    return cfg
+
+
+@app.command("eval")
+@guarded
+def eval_cmd(
+    file: Path = typer.Argument(..., help="GGUF file (or, with --backend torch, a HF checkpoint dir)"),
+    ppl: str = typer.Option("wikitext2", "--ppl", help="dataset name (wikitext2) or a text file"),
+    backend: str = typer.Option("llama.cpp", help="llama.cpp | torch"),
+    attn: Optional[str] = typer.Option(None, help="dense | sparse (| local | random | oracle with torch)"),
+    kv: str = typer.Option("f16", help="KV cache: f16 | q8_0 | q4_0 (| f32 | asq)"),
+    ctx: int = typer.Option(512, help="context length (chunk size)"),
+    chunks: Optional[int] = typer.Option(None, help="evaluate only the first N chunks"),
+    top_k: Optional[int] = typer.Option(None, help="override the file's top-k"),
+    data: Optional[Path] = typer.Option(None, help="evaluation text file (else env DSA_WIKITEXT2 / cache)"),
+    download: bool = typer.Option(False, "--download", help="download WikiText-2 if not found locally"),
+    n_gpu_layers: Optional[int] = typer.Option(None, help="layers on the GPU (default: all when CUDA is present)"),
+    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
+    tokenizer: Optional[Path] = typer.Option(None, help="HF tokenizer dir for --backend torch on a GGUF"),
+    device: str = typer.Option("auto", help="torch backend device: auto | cpu | cuda"),
+    seed: int = typer.Option(0, help="seed for --attn random"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Perplexity the way llama-perplexity computes it (chunks of --ctx, second half scored)."""
+    from .errors import BadInputError
+    from .eval import data as evdata
+
+    text_path = evdata.resolve(ppl, data, download)
+    if backend == "llama.cpp":
+        if attn not in (None, "dense", "sparse"):
+            raise BadInputError(f"--attn {attn} is a torch-backend baseline; llama.cpp runs dense or sparse")
+        from .backend.runtime import import_llama_cpp
+        from .eval.perplexity_llamacpp import LlamaPplOptions, run
+
+        lc = import_llama_cpp()
+        ngl = n_gpu_layers if n_gpu_layers is not None else (999 if lc.llama_supports_gpu_offload() else 0)
+        res = run(file, evdata.read_eval_text(text_path),
+                  LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, n_gpu_layers=ngl,
+                                  flash_attn=flash_attn, quiet=as_json))
+    elif backend == "torch":
+        from .eval.torch_backend import run_torch_eval
+
+        res = run_torch_eval(file, text_path, ctx=ctx, chunks=chunks, attn=attn or "dense", kv=kv, top_k=top_k,
+                             tokenizer=tokenizer, device=device, seed=seed, quiet=as_json)
+    else:
+        raise BadInputError(f"unknown --backend {backend!r} (llama.cpp or torch)")
+    res["data"] = str(text_path)
+    if as_json:
+        res.pop("per_chunk_ppl", None)
+        emit_json(res)
+    else:
+        print(f"PPL = {res['ppl']:.4f} +/- {res['ppl_stderr']:.5f}  ({res['backend']}, {res['device']}, "
+              f"attn={res['attn']}, kv={res['kv']}, top_k={res['top_k']}, ctx={res['ctx']}, "
+              f"{res['tokens']} tokens scored)")
 
 
 @app.command()

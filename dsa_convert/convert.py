@@ -48,7 +48,11 @@ def convert(opts: ConvertOptions) -> dict:
     if opts.dsa is not None:
         from .dsa.retrofit import run_retrofit  # heavy (torch training, sklearn); only when asked
 
-        res = run_retrofit(Path(opts.model_dir), opts.dsa, quiet=opts.quiet)
+        with task("DSA retrofit", None, quiet=opts.quiet) as rbar:
+            def on_progress(ev: dict) -> None:
+                rbar.advance(0, info=" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                              for k, v in ev.items()))
+            res = run_retrofit(Path(opts.model_dir), opts.dsa, progress=on_progress)
         extra.items.update(res.kv)
         dsa_qt = gguf.GGMLQuantizationType.F32 if opts.outtype == "f32" else gguf.GGMLQuantizationType.F16
         plan += planned_from_arrays(

@@ -65,7 +65,7 @@ def open_model(path: Path, opts: RunnerOptions):
 def eval_logits(llm, tokens: list[int]) -> np.ndarray:
     """Fresh sequence (cache cleared), returns float32 logits [len(tokens), n_vocab]."""
     llm.reset()
-    llm._ctx.memory_clear(True) if hasattr(llm._ctx, "memory_clear") else None
+    llm._ctx.kv_cache_clear()
     llm.eval(list(tokens))
     return np.array(llm.scores[: len(tokens)], dtype=np.float32, copy=True)
 

@@ -1,0 +1,83 @@
+"""Perplexity through llama.cpp (llama-cpp-python on the patched tree), llama-perplexity's method:
+llama.cpp's own tokenizer on the whole text (BOS prepended when the vocab adds it), chunks of
+n_ctx with BOS replacing the first token, KV cache cleared per chunk, second half scored,
+log-softmax in double."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.llama_runner import RunnerOptions, open_model
+from ..errors import BadInputError
+from ..formats.gguf_read import GgufFile
+from ..progress import task
+from .perplexity_common import NllAccumulator, chunk_nll, chunk_tokens, plan_chunks
+
+
+@dataclass
+class LlamaPplOptions:
+    ctx: int = 512
+    chunks: int | None = None
+    attn: str | None = None            # None = as the file says; "dense" or "sparse"
+    top_k: int | None = None
+    kv: str = "f16"
+    n_gpu_layers: int = 0
+    flash_attn: bool = False
+    batch: int | None = None
+    quiet: bool = False
+
+
+def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None) -> tuple[dict, dict]:
+    """kv_overrides for the per-run switch, and what the run will use."""
+    arch = g.arch
+    key = f"{arch}.attention.indexer.top_k"
+    file_k = g.get(key)
+    has_indexer = file_k is not None
+    if attn == "sparse" and not has_indexer:
+        raise BadInputError(f"{g.path.name} has no DSA indexer; --attn sparse needs a file from `dsa convert` with DSA")
+    if top_k is not None and not has_indexer:
+        raise BadInputError("--top-k needs a file with a DSA indexer")
+    ov: dict = {}
+    if has_indexer and attn == "dense":
+        ov[key] = 0
+    elif has_indexer and top_k is not None:
+        if top_k <= 0:
+            raise BadInputError(f"--top-k must be > 0 (got {top_k})")
+        ov[key] = int(top_k)
+    mode = "dense" if (not has_indexer or attn == "dense") else "sparse"
+    eff_k = None if mode == "dense" else int(ov.get(key, file_k))
+    return ov, {"attn": mode, "top_k": eff_k}
+
+
+def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
+    g = GgufFile(path)
+    ov, mode = dsa_overrides(g, o.attn, o.top_k)
+    g.close()
+    llm = open_model(path, RunnerOptions(n_ctx=o.ctx, n_batch=o.batch or o.ctx, n_gpu_layers=o.n_gpu_layers,
+                                         flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=ov))
+    add_bos = bool(llm._model.add_bos_token()) if hasattr(llm, "_model") else False
+    bos = llm.token_bos()
+    tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+    plan = plan_chunks(len(tokens), o.ctx, o.chunks, add_bos, bos)
+    acc = NllAccumulator()
+    t0 = time.perf_counter()
+    with task("perplexity (llama.cpp)", plan.n_chunk, quiet=o.quiet) as bar:
+        for i in range(plan.n_chunk):
+            chunk = chunk_tokens(tokens, plan, i)
+            llm.reset()
+            llm._ctx.kv_cache_clear()
+            llm.eval(chunk.tolist())
+            logits = np.asarray(llm.scores[: plan.n_ctx], dtype=np.float32)
+            acc.add(chunk_nll(logits, chunk, plan))
+            bar.advance(1, info=f"ppl {acc.per_chunk[-1]:.4f}")
+    ppl, err = acc.result()
+    import llama_cpp
+
+    return {"ppl": ppl, "ppl_stderr": err, "tokens": acc.count, "chunks": plan.n_chunk, "ctx": o.ctx,
+            "attn": mode["attn"], "kv": o.kv, "top_k": mode["top_k"], "backend": "llama.cpp",
+            "device": "cuda" if (o.n_gpu_layers and llama_cpp.llama_supports_gpu_offload()) else "cpu",
+            "flash_attn": o.flash_attn, "n_gpu_layers": o.n_gpu_layers, "file": str(path),
+            "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk}

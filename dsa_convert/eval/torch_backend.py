@@ -1,0 +1,43 @@
+"""`dsa eval --backend torch`: tokenise with the file's own vocab (llama.cpp vocab-only, when the
+backend is installed) or a HF tokenizer dir, then kernels_ref perplexity."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import BadInputError
+from ..progress import task
+from .data import read_eval_text
+from .perplexity_torch import load_model, perplexity_torch
+
+
+def _gguf_tokens(path: Path, text: str) -> tuple[list[int], bool]:
+    from ..backend.runtime import import_llama_cpp
+
+    lc = import_llama_cpp()
+    from ..backend.llama_runner import _quiet_stderr
+
+    with _quiet_stderr(True):
+        llm = lc.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    add_bos = bool(llm._model.add_bos_token())
+    return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False), add_bos
+
+
+def run_torch_eval(file: Path, text_path: Path, *, ctx: int, chunks: int | None, attn: str, kv: str,
+                   top_k: int | None, tokenizer: Path | None, device: str, seed: int, quiet: bool) -> dict:
+    import torch
+
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    file = Path(file)
+    tokens = add_bos = None
+    if tokenizer is None and file.is_file():
+        try:
+            tokens, add_bos = _gguf_tokens(file, read_eval_text(text_path))
+        except Exception as e:  # backend missing: ask for the HF tokenizer instead
+            raise BadInputError(f"--backend torch on a GGUF needs --tokenizer HF_DIR (or the llama.cpp backend "
+                                f"for the file's own vocab): {e}") from None
+    model = load_model(file, dev)
+    with task("perplexity (torch)", None, quiet=quiet) as bar:
+        res = perplexity_torch(file, text_path, ctx=ctx, chunks=chunks, attn=attn, kv=kv, top_k=top_k,
+                               tokenizer_dir=tokenizer, tokens=tokens, add_bos=add_bos, device=dev, seed=seed,
+                               model=model, progress=lambda ev: bar.advance(1, info=f"ppl {ev['ppl']:.4f}"))
+    return res
