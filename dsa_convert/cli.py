@@ -236,6 +236,37 @@ def backend_info(as_json: bool = typer.Option(False, "--json")):
             print(f"{k}: {v}")
 
 
+# ---- pipeline (CI batch runs) -------------------------------------------------------------------
+pipeline_app = typer.Typer(no_args_is_help=True, help="Batch convert → quantize → eval from a TOML file.")
+app.add_typer(pipeline_app, name="pipeline")
+
+
+@pipeline_app.command("run")
+@guarded
+def pipeline_run(
+    file: Path = typer.Argument(..., help="pipeline TOML (format: docs/CLI.md)"),
+    as_json: bool = typer.Option(False, "--json", help="print summary.json on stdout"),
+    keep_going: bool = typer.Option(False, "--keep-going", help="after a failure, continue with the other models"),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="outputs + summary (default: [pipeline] workdir)"),
+):
+    """Run every model's steps in order, skipping steps whose inputs and options are unchanged."""
+    from .pipeline import run as run_pipeline
+
+    summary = run_pipeline(file, workdir=workdir, keep_going=keep_going)
+    if as_json:
+        emit_json(summary)
+    else:
+        c = summary["counts"]
+        print(f"pipeline {summary['name']}: {c['ok']} ok, {c['skipped']} skipped, {c['failed']} failed, "
+              f"{c['not-run']} not run ({summary['seconds']:.1f} s) -> {summary['summary_md']}", file=sys.stderr)
+    if not summary["ok"]:
+        failed = next((s for s in summary["steps"] if s["status"] == "failed"), None)
+        where = f"{failed['model']}/{failed['step']}: {failed['error']}" if failed else "see summary"
+        print(f"error: pipeline failed at {where}", file=sys.stderr)
+        raise typer.Exit(summary["exit_code"])
+# ---- end pipeline ---------------------------------------------------------------------------------
+
+
 def main() -> None:
     app()
 

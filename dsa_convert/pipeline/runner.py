@@ -1,0 +1,354 @@
+"""Execute a pipeline: every step is a child `python -m dsa_convert.cli KIND … --json` process.
+
+Why a child per step (even for convert, whose Python entry point is in-process callable): the peak
+RSS of each step is measured exactly (os.wait4's rusage of that child), a crash in native code
+(llama.cpp, torch) fails one step instead of the whole pipeline, a step can be timed out, and
+Ctrl-C reaches the step, which cleans its partial output (atomic writes) before the pipeline stops.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import BadInputError
+from . import state as st
+from .spec import ModelSpec, PipelineSpec, StepSpec, resolve_path
+
+OK, SKIPPED, FAILED, NOT_RUN = "ok", "skipped", "failed", "not-run"
+DEFAULT_CLI = [sys.executable, "-m", "dsa_convert.cli"]
+
+
+@dataclass
+class StepResult:
+    model: str
+    step: str
+    kind: str
+    status: str
+    reason: str = ""
+    seconds: float | None = None
+    peak_rss_mib: float | None = None
+    ppl: float | None = None
+    output: str | None = None
+    bytes: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    log: str | None = None
+    command: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---------------------------------------------------------------- command lines
+def cli_command(kind: str):
+    """The click command behind `dsa KIND`, or None when this installation lacks it."""
+    try:
+        import typer
+
+        from ..cli import app
+
+        return typer.main.get_command(app).commands.get(kind)
+    except Exception:
+        return None
+
+
+def _flag_for(cmd, key: str):
+    """(click.Option, flag string) for a TOML option key, or (None, None)."""
+    if cmd is None:
+        return None, None
+    for p in cmd.params:
+        if getattr(p, "param_type_name", "") != "option":
+            continue
+        for o in p.opts:
+            if o.startswith("--") and o[2:].replace("-", "_") == key:
+                return p, o
+        if p.name == key:
+            return p, next(o for o in p.opts if o.startswith("-"))
+    return None, None
+
+
+def check_options(spec: PipelineSpec) -> None:
+    """Reject option names the installed `dsa KIND` command does not have (one line, exit 3)."""
+    for m in spec.models:
+        for s in m.steps:
+            cmd = cli_command(s.kind)
+            if cmd is None:
+                continue  # command not installed: the step fails when it runs
+            for key in s.options:
+                p, _ = _flag_for(cmd, key)
+                if p is None:
+                    known = sorted(o[2:].replace("-", "_") for q in cmd.params
+                                   if getattr(q, "param_type_name", "") == "option"
+                                   for o in q.opts[:1] if o.startswith("--") and o not in ("--json", "--force"))
+                    raise BadInputError(f"{spec.file.name}: model {m.name!r} step {s.name!r}: `dsa {s.kind}` has no "
+                                        f"option {key!r} (known: {', '.join(known)})")
+
+
+def _is_path_param(p) -> bool:
+    """Path-typed option (click.Path, or a Typer parameter annotated with pathlib.Path)."""
+    t = getattr(p, "type", None)
+    if t is not None and type(t).__name__ == "Path":
+        return True
+    ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+    return ann is not None and "Path" in repr(ann)
+
+
+def option_argv(step: StepSpec, base: Path, cmd) -> tuple[list[str], list[Path]]:
+    """TOML options -> CLI flags; returns (argv, input paths named by options)."""
+    argv: list[str] = []
+    paths: list[Path] = []
+    for key, val in sorted(step.options.items()):
+        p, flag = _flag_for(cmd, key)
+        flag = flag or "--" + key.replace("_", "-")
+        values = val if isinstance(val, list) else [val]
+        for v in values:
+            if isinstance(v, bool):
+                if v:
+                    argv.append(flag)
+                elif p is not None and getattr(p, "secondary_opts", None):
+                    argv.append(p.secondary_opts[0])
+                continue
+            s = str(v)
+            is_path = p is not None and _is_path_param(p)
+            cand = resolve_path(s, base) if isinstance(v, str) else None
+            if is_path or (p is None and cand is not None and ("/" in s or cand.exists())):
+                s = str(cand)
+                if cand.exists():
+                    paths.append(cand)
+            argv += [flag, s]
+    return argv, paths
+
+
+def step_output(workdir: Path, model: ModelSpec, step: StepSpec) -> Path:
+    ext = ".gguf" if step.kind in ("convert", "quantize") else ".json"
+    return workdir / model.name / f"{step.name}{ext}"
+
+
+def step_argv(kind: str, cmd, input_path: Path, output: Path, opts: list[str]) -> list[str]:
+    """Positional layout: convert MODEL OUT; quantize IN OUT (or IN --out OUT); eval FILE."""
+    names = {o for p in (cmd.params if cmd else []) for o in p.opts}
+    tail = ["--json"] if (cmd is None or "--json" in names) else []
+    if kind == "convert":
+        return ["convert", str(input_path), str(output), *opts, "--force", *tail]
+    if kind == "quantize":
+        n_args = sum(1 for p in (cmd.params if cmd else []) if getattr(p, "param_type_name", "") == "argument")
+        force = ["--force"] if (cmd is None or "--force" in names) else []
+        if cmd is not None and n_args == 1:
+            out_flag = next((o for o in ("--out", "--output", "-o") if o in names), "--out")
+            return ["quantize", str(input_path), out_flag, str(output), *opts, *force, *tail]
+        return ["quantize", str(input_path), str(output), *opts, *force, *tail]
+    return ["eval", str(input_path), *opts, *tail]
+
+
+# ---------------------------------------------------------------- child processes
+def _find_number(obj: Any, keys: tuple[str, ...]) -> float | None:
+    if isinstance(obj, dict):
+        for k in keys:
+            v = obj.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+        for v in obj.values():
+            r = _find_number(v, keys)
+            if r is not None:
+                return r
+    elif isinstance(obj, list):
+        for v in obj:
+            r = _find_number(v, keys)
+            if r is not None:
+                return r
+    return None
+
+
+def find_ppl(obj: Any) -> float | None:
+    return _find_number(obj, ("ppl", "perplexity"))
+
+
+def last_error_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errs = [ln for ln in lines if ln.startswith("error:")]
+    return (errs[-1] if errs else (lines[-1] if lines else ""))[:400]
+
+
+def run_child(argv: list[str], stdout: Path, stderr: Path, timeout: float | None) -> tuple[int, float, float]:
+    """Run argv; returns (exit code, seconds, peak RSS MiB of that child). Ctrl-C is passed on."""
+    import subprocess
+
+    t0 = time.monotonic()
+    with open(stdout, "wb") as fo, open(stderr, "wb") as fe:
+        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+    try:
+        while True:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                proc.send_signal(signal.SIGINT)          # let it clean up, then insist
+                try:
+                    pid, status, ru = _wait4_timeout(proc.pid, 15)
+                except TimeoutError:
+                    proc.kill()
+                    pid, status, ru = os.wait4(proc.pid, 0)
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                with open(stderr, "a") as fe:
+                    fe.write(f"\nerror: step timed out after {timeout:g} s\n")
+                return 124, time.monotonic() - t0, ru.ru_maxrss / 1024.0
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        try:
+            proc.send_signal(signal.SIGINT)
+            _wait4_timeout(proc.pid, 30)
+        except (TimeoutError, ChildProcessError, ProcessLookupError):
+            try:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+            except (ChildProcessError, ProcessLookupError):
+                pass
+        proc.returncode = -2
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.monotonic() - t0, ru.ru_maxrss / 1024.0
+
+
+def _wait4_timeout(pid: int, seconds: float):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        p, status, ru = os.wait4(pid, os.WNOHANG)
+        if p:
+            return p, status, ru
+        time.sleep(0.05)
+    raise TimeoutError
+
+
+# ---------------------------------------------------------------- the run
+@dataclass
+class RunOptions:
+    keep_going: bool = False
+    cli: list[str] = field(default_factory=lambda: list(DEFAULT_CLI))
+    introspect: bool = True           # map options through the installed `dsa` commands' flags
+    on_step: Callable[[StepResult], None] | None = None
+    on_start: Callable[[str, str, str], None] | None = None
+
+
+def _atomic_write(p: Path, text: str) -> None:
+    tmp = p.with_name(f".{p.name}.partial-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+def run_step(spec: PipelineSpec, model: ModelSpec, step: StepSpec, outputs: dict[str, Path],
+             dirty: set[str], hasher: st.Hasher, ro: RunOptions) -> StepResult:
+    out = step_output(spec.workdir, model, step)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res = StepResult(model.name, step.name, step.kind, FAILED, output=str(out))
+    cmd = cli_command(step.kind) if ro.introspect else None
+    input_path = model.path if step.kind == "convert" else outputs[step.input]
+    opts, opt_paths = option_argv(step, spec.base_dir, cmd)
+    # for eval the runner writes OUT from the child's JSON stdout; the child writes GGUFs itself
+    argv = step_argv(step.kind, cmd, input_path, out, opts)
+    res.command = ["dsa", *argv]
+    inputs = {"input": hasher.path(input_path)}
+    for i, p in enumerate(opt_paths):
+        inputs[f"option{i}:{p}"] = hasher.path(p)
+    fp = st.fingerprint(step.kind, opts, inputs)
+    fresh, why = st.is_fresh(out, fp)
+    upstream_ran = step.input is not None and step.input in dirty
+    if fresh and not upstream_ran:
+        rec = st.load_state(out) or {}
+        res.status, res.reason, res.seconds = SKIPPED, why, 0.0
+        res.ppl = rec.get("ppl")
+        res.bytes = out.stat().st_size if step.kind != "eval" else rec.get("bytes")
+        return res
+    res.reason = "upstream step re-ran" if fresh and upstream_ran else why
+    res.seconds = 0.0
+    dirty.add(step.name)
+    log = out.with_name(f"{step.name}.log")
+    stdout = out.with_name(f".{step.name}.stdout-{os.getpid()}")
+    res.log = str(log)
+    if step.kind == "quantize" and ro.introspect and cmd is None:
+        res.error = "`dsa quantize` is not available in this installation"
+        log.write_text(f"error: {res.error}\n")
+        return res
+    if step.kind == "eval" and ro.introspect and cmd is None:
+        res.error = "`dsa eval` is not available in this installation"
+        log.write_text(f"error: {res.error}\n")
+        return res
+    if not input_path.exists():
+        res.error = f"input not found: {input_path}"
+        log.write_text(f"error: {res.error}\n")
+        return res
+    try:
+        code, secs, rss = run_child([*ro.cli, *argv], stdout, log, step.timeout)
+        res.exit_code, res.seconds, res.peak_rss_mib = code, round(secs, 3), round(rss, 1)
+        text = stdout.read_text(errors="replace")
+    finally:
+        stdout.unlink(missing_ok=True)
+    payload: Any = None
+    if code == 0:
+        try:
+            payload = json.loads(text) if text.strip() else {}
+        except ValueError:
+            code, res.exit_code = 1, 1
+            res.error = f"`dsa {step.kind} --json` printed invalid JSON"
+    if code != 0:
+        res.error = res.error or last_error_line(log) or f"exit code {code}"
+        return res
+    if step.kind == "eval":
+        res.ppl = find_ppl(payload)
+        if res.ppl is None:
+            res.error = "eval output has no ppl/perplexity field"
+            return res
+        _atomic_write(out, json.dumps(payload, indent=2, default=str) + "\n")
+        res.bytes = None
+    else:
+        if not out.is_file():
+            res.error = f"`dsa {step.kind}` exited 0 but wrote no {out.name}"
+            return res
+        res.bytes = out.stat().st_size
+    res.status = OK
+    st.save_state(out, fp, {"kind": step.kind, "command": res.command, "inputs": inputs, "ppl": res.ppl,
+                            "bytes": res.bytes, "seconds": res.seconds, "peak_rss_mib": res.peak_rss_mib,
+                            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    return res
+
+
+def run_pipeline(spec: PipelineSpec, ro: RunOptions | None = None,
+                 results: list[StepResult] | None = None) -> list[StepResult]:
+    """Runs every model's steps in order; appends to `results` as it goes (kept on Ctrl-C)."""
+    ro = ro or RunOptions()
+    try:
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInputError(f"cannot create workdir {spec.workdir}: {e.strerror or e}") from None
+    hasher = st.Hasher(spec.hash_mode)
+    results = [] if results is None else results
+    stop = False
+    for model in spec.models:
+        outputs: dict[str, Path] = {}
+        dirty: set[str] = set()
+        failed_here = False
+        for step in model.steps:
+            if stop or failed_here:
+                r = StepResult(model.name, step.name, step.kind, NOT_RUN,
+                               reason="an earlier step of this model failed" if failed_here
+                               else "stopped after a failure (no --keep-going)")
+            else:
+                if ro.on_start:
+                    ro.on_start(model.name, step.name, step.kind)
+                r = run_step(spec, model, step, outputs, dirty, hasher, ro)
+                outputs[step.name] = step_output(spec.workdir, model, step)
+                if r.status == FAILED:
+                    failed_here = True
+                    stop = not ro.keep_going
+            results.append(r)
+            if ro.on_step:
+                ro.on_step(r)
+    return results
