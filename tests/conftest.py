@@ -38,7 +38,7 @@ def make_bpe_tokenizer(out: Path, vocab_size: int = 320) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 0)])
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_TOKENIZER_TEXT * 20 + [wiki_passage(20000)], trainer)
@@ -136,6 +136,12 @@ def have_backend() -> bool:
         return False
 
 
-requires_backend = pytest.mark.skipif(not have_backend() and not os.environ.get("DSA_REQUIRE_BACKEND"),
+_skip_no_backend = pytest.mark.skipif(not have_backend() and not os.environ.get("DSA_REQUIRE_BACKEND"),
                                       reason="llama.cpp backend not built (dsa backend build)")
+
+
+def requires_backend(fn):
+    """Marks a test `backend` (run after the backend build in scripts/test.sh) and skips it when the
+    backend is absent — except under DSA_REQUIRE_BACKEND=1 (CI), where a missing backend fails."""
+    return pytest.mark.backend(_skip_no_backend(fn))
 __all__ = ["shutil"]
