@@ -1,0 +1,93 @@
+"""Typed options of the DSA retrofit (indexer training, sink/local split, ASQ fitting)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+from ..errors import BadInputError
+
+SelectMode = Literal["token", "block"]
+KeySpace = Literal["auto", "pre_rope", "post_rope"]
+
+
+@dataclass
+class DsaConfig:
+    # ---- selection (FORMAT §2/§5)
+    top_k: int = 512                    # K: total keys per query (sinks + local + indexer picks)
+    sink: Optional[int] = None          # S; None -> calibrated together with local
+    local: Optional[int] = None         # L; None -> calibrated (split.py)
+    select: SelectMode = "token"
+    block_size: int = 64
+    # ---- indexer shape (FORMAT §3/§4)
+    index_heads: int = 4                # H
+    index_dim: int = 64                 # D
+    rope_dim: int = 32                  # R (even, <= D)
+    norm_eps: float = 1e-6
+    # ---- ASQ (FORMAT §6); cluster_num None -> no ASQ tensors
+    cluster_num: Optional[int] = 32
+    residual_bits: int = 4
+    key_space: KeySpace = "auto"        # auto -> chosen by measured reconstruction error
+    asq_samples: int = 32768            # vectors per (layer, KV head, K/V) given to k-means
+    # ---- calibration / training
+    calib: Path = Path("calib.txt")
+    ctx: Optional[int] = None           # calibration chunk length; None -> min(2048, model context)
+    calib_chunks: int = 32              # chunks of ctx tokens read from the calibration text
+    steps: int = 300                    # dense KL warm-up steps per layer
+    sparse_steps: Optional[int] = None  # selected-set KL steps per layer; None -> steps // 3
+    lr: float = 2e-3
+    query_rows: int = 512               # query rows sampled per step (from t >= top_k)
+    split_chunks: int = 4               # held-out calibration chunks used to score S/L candidates
+    device: str = "auto"                # auto | cpu | cuda | cuda:N
+    seed: int = 0
+    threads: Optional[int] = None       # torch CPU threads (None -> leave as is)
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "DsaConfig":
+        """Raise BadInputError (one line) for unusable options; returns self."""
+        if self.top_k <= 0:
+            raise BadInputError(f"--top-k must be > 0 (got {self.top_k})")
+        if self.sink is not None and self.sink < 0:
+            raise BadInputError(f"--sink must be >= 0 (got {self.sink})")
+        if self.local is not None and self.local < 1:
+            raise BadInputError(f"--local must be >= 1 (the query itself) (got {self.local})")
+        if (self.sink or 0) + (self.local or 0) > self.top_k:
+            raise BadInputError(f"--sink + --local ({(self.sink or 0) + (self.local or 0)}) exceeds --top-k ({self.top_k})")
+        if self.select not in ("token", "block"):
+            raise BadInputError(f"--select must be token or block (got {self.select!r})")
+        if self.block_size <= 0:
+            raise BadInputError(f"--block-size must be > 0 (got {self.block_size})")
+        if self.index_heads <= 0 or self.index_dim <= 0:
+            raise BadInputError("indexer head count and dim must be > 0")
+        if self.rope_dim % 2 or not 0 <= self.rope_dim <= self.index_dim:
+            raise BadInputError(f"indexer rope_dim must be even and <= {self.index_dim} (got {self.rope_dim})")
+        if self.cluster_num is not None and not 2 <= self.cluster_num <= 256:
+            raise BadInputError(f"--cluster-num must be in [2, 256] (got {self.cluster_num})")
+        if self.residual_bits not in (4, 8):
+            raise BadInputError(f"--residual-bits must be 4 or 8 (got {self.residual_bits})")
+        if self.key_space not in ("auto", "pre_rope", "post_rope"):
+            raise BadInputError(f"key space must be auto, pre_rope or post_rope (got {self.key_space!r})")
+        if self.steps < 0 or (self.sparse_steps is not None and self.sparse_steps < 0):
+            raise BadInputError("--steps must be >= 0")
+        if self.calib_chunks < 1:
+            raise BadInputError("need at least one calibration chunk")
+        if not Path(self.calib).is_file():
+            raise BadInputError(f"calibration file not found: {self.calib}")
+        return self
+
+    @property
+    def n_sparse_steps(self) -> int:
+        return self.steps // 3 if self.sparse_steps is None else self.sparse_steps
+
+    def resolve_device(self) -> str:
+        import torch
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise BadInputError(f"--device {self.device} requested but CUDA is not available")
+        return self.device
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["calib"] = str(self.calib)
+        return d

@@ -1,0 +1,225 @@
+"""DSA retrofit of a HF Llama-family checkpoint: indexer distillation, sink/local split, ASQ fit.
+
+    res = run_retrofit(Path("model_dir"), DsaConfig(top_k=512, calib=Path("calib.txt")))
+    res.kv       {"llama.attention.indexer.top_k": (512, GGUFValueType.UINT32), ...}
+    res.tensors  {"blk.0.indexer.attn_q_b.weight": np.ndarray [H*D, n_embd], ...}  (gguf-py order)
+    res.report   measured numbers (losses, split candidates, ASQ errors, timings)
+
+The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
+at a time over all calibration chunks. K prototypes are in the GGUF's head layout (llama q/k rows are
+permuted to GGML's interleaved RoPE), as the llama.cpp KV cache holds them.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from gguf import GGUFValueType
+
+from ..errors import BadInputError
+from ..kernels_ref.indexer import IndexerWeights
+from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
+from .calib import calib_chunks
+from .config import DsaConfig
+from .indexer_train import LayerCalib, TrainLog, eval_kl, init_indexer, train_layer
+from .split import choose_split
+
+ProgressFn = Callable[[dict], None]
+FORMAT_VERSION = 1
+
+
+@dataclass
+class DsaResult:
+    arch: str
+    kv: dict[str, tuple[object, GGUFValueType]] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    report: dict = field(default_factory=dict)
+
+    # ---- in-memory access for the torch evaluator
+    def indexers(self) -> dict[int, IndexerWeights]:
+        out = {}
+        rope_dim = int(self.kv[f"{self.arch}.dsa.indexer.rope_dim"][0])
+        eps = float(self.kv[f"{self.arch}.dsa.indexer.norm_eps"][0])
+        base = float(self.report["freq_base"])
+        for name in self.tensors:
+            if name.endswith(".indexer.attn_q_b.weight"):
+                il = int(name.split(".")[1])
+                t = lambda s: torch.from_numpy(self.tensors[f"blk.{il}.indexer.{s}"])  # noqa: E731
+                out[il] = IndexerWeights(t("attn_q_b.weight"), t("attn_k.weight"), t("k_norm.weight"),
+                                         t("k_norm.bias"), t("proj.weight"), rope_dim, eps, base)
+        return out
+
+    def asq_protos(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        out = {}
+        for name in self.tensors:
+            if name.endswith(".dsa.asq_k_proto"):
+                il = int(name.split(".")[1])
+                out[il] = (torch.from_numpy(self.tensors[name]),
+                           torch.from_numpy(self.tensors[f"blk.{il}.dsa.asq_v_proto"]))
+        return out
+
+    def setting(self, key: str, default=None):
+        v = self.kv.get(f"{self.arch}.{key}")
+        return default if v is None else v[0]
+
+
+def dsa_kv(arch: str, cfg: DsaConfig, sink: int, local: int, split_source: str, key_space: str | None) -> dict:
+    U, F, S = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING
+    kv = {
+        f"{arch}.attention.indexer.head_count": (cfg.index_heads, U),
+        f"{arch}.attention.indexer.key_length": (cfg.index_dim, U),
+        f"{arch}.attention.indexer.top_k": (cfg.top_k, U),
+        f"{arch}.dsa.version": (FORMAT_VERSION, U),
+        f"{arch}.dsa.sink": (sink, U),
+        f"{arch}.dsa.local": (local, U),
+        f"{arch}.dsa.select": (cfg.select, S),
+        f"{arch}.dsa.block_size": (cfg.block_size, U),
+        f"{arch}.dsa.indexer.rope_dim": (cfg.rope_dim, U),
+        f"{arch}.dsa.indexer.norm_eps": (cfg.norm_eps, F),
+        f"{arch}.dsa.split_source": (split_source, S),
+    }
+    if cfg.cluster_num is not None:
+        kv[f"{arch}.dsa.asq.cluster_num"] = (cfg.cluster_num, U)
+        kv[f"{arch}.dsa.asq.residual_bits"] = (cfg.residual_bits, U)
+        kv[f"{arch}.dsa.asq.key_space"] = (key_space, S)
+    return kv
+
+
+def indexer_tensors(il: int, w: IndexerWeights) -> dict[str, np.ndarray]:
+    f = lambda t: np.ascontiguousarray(t.detach().float().cpu().numpy())  # noqa: E731
+    p = f"blk.{il}.indexer."
+    return {p + "attn_q_b.weight": f(w.W_q), p + "attn_k.weight": f(w.W_k), p + "k_norm.weight": f(w.gamma),
+            p + "k_norm.bias": f(w.beta), p + "proj.weight": f(w.W_w)}
+
+
+def _model_ctx(model) -> int:
+    spec = getattr(model, "spec", None)
+    for a in ("context_length", "n_ctx_train", "max_position_embeddings"):
+        if spec is not None and getattr(spec, a, None):
+            return int(getattr(spec, a))
+    return 2048
+
+
+def _layer_data(model, il: int, h: torch.Tensor, pos: torch.Tensor, sampler: AsqSampler | None):
+    xs, qs, ks = [], [], []
+    with torch.no_grad():
+        for hh in h:
+            x = model.attn_input(il, hh)
+            q, k, v, k_pre = model.qkv(il, x, pos)
+            if sampler is not None:
+                sampler.add(k_pre, k, v, pos)
+            xs.append(x.cpu()), qs.append(q.cpu()), ks.append(k.cpu())
+    return torch.stack(xs), torch.stack(qs), torch.stack(ks)
+
+
+def _advance(model, il: int, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.stack([model.layer(il, hh.to(model.device), pos).cpu() for hh in h])
+
+
+def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn] = None, model=None) -> DsaResult:
+    """Train indexers, pick the split, fit ASQ; see the module docstring. ``model``: a RefModel to reuse."""
+    from ..kernels_ref.model import RefModel
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t_start = time.time()
+    dev = cfg.resolve_device()
+    model = model or RefModel.from_hf(Path(model_dir), device=dev)
+    hp = model.hp
+    ctx = cfg.ctx or min(2048, _model_ctx(model))
+    if cfg.top_k >= ctx:
+        raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx}")
+    if cfg.cluster_num is not None and hp.head_dim < 2:
+        raise BadInputError("ASQ needs head_dim >= 2")
+    n_train, n_held = cfg.calib_chunks, cfg.split_chunks
+    tokens = calib_chunks(cfg.calib, Path(model_dir), ctx, n_train + n_held)
+    pos = torch.arange(ctx, device=model.device)
+    emit = progress or (lambda d: None)
+    user_split = cfg.sink is not None and cfg.local is not None
+    sparse_steps = cfg.n_sparse_steps
+    log = {il: TrainLog() for il in range(hp.n_layer)}
+    indexers: dict[int, IndexerWeights] = {}
+    asq_layers: list[LayerAsq] = []
+    rep: dict = {"config": cfg.to_dict(), "ctx": ctx, "device": dev, "freq_base": hp.rope.base,
+                 "calib_tokens": int(tokens.numel()), "layers": {}}
+    per_chunk = max(1, math.ceil(cfg.asq_samples / max(1, n_train)))
+
+    def kw(il: int) -> dict:
+        return dict(top_k=cfg.top_k, lr=cfg.lr, query_rows=cfg.query_rows, seed=cfg.seed, device=dev,
+                    select=cfg.select, block_size=cfg.block_size, layer=il, progress=emit, log=log[il])
+
+    # ---- pass A: dense warm-up (+ sparse phase when the split is given), ASQ samples, layer by layer
+    emit({"stage": "calib_forward", "chunks": n_train + n_held, "ctx": ctx})
+    h = torch.stack([model.embed(t).cpu() for t in tokens])
+    for il in range(hp.n_layer):
+        sampler = AsqSampler(per_chunk, cfg.seed + il) if cfg.cluster_num is not None else None
+        x, q, k = _layer_data(model, il, h[:n_train], pos, sampler)
+        data = LayerCalib(x, q, k, hp.kq_scale)
+        w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
+                         cfg.seed + il)
+        w = train_layer(data, w, steps=cfg.steps, phase="dense", **kw(il))
+        if user_split:
+            w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
+        indexers[il] = w
+        if n_held:
+            hx, hq, hk = _layer_data(model, il, h[n_train:], pos, None)
+            rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(
+                LayerCalib(hx, hq, hk, hp.kq_scale), w, cfg.top_k, device=dev)["kl"]
+        if sampler is not None:
+            emit({"stage": "asq_fit", "layer": il})
+            spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
+            asq_layers.append(fit_layer(sampler, model.rope_keys, cfg.cluster_num, cfg.residual_bits,
+                                        cfg.seed + il, spaces=spaces))
+        del x, q, k, data
+        h = _advance(model, il, h, pos)
+    del h
+
+    # ---- split by calibration loss, then the sparse phase (pass B) with the chosen split
+    if user_split:
+        sink, local, split_source = cfg.sink, cfg.local, "user"
+    else:
+        held = tokens[n_train:] if n_held else tokens[: max(1, min(2, n_train))]
+        sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink,
+                                         select=cfg.select, block_size=cfg.block_size, progress=emit)
+        rep["split"] = srep
+        split_source = "calibrated"
+        if sparse_steps > 0:
+            h = torch.stack([model.embed(t).cpu() for t in tokens[:n_train]])
+            for il in range(hp.n_layer):
+                x, q, k = _layer_data(model, il, h, pos, None)
+                indexers[il] = train_layer(LayerCalib(x, q, k, hp.kq_scale), indexers[il], steps=sparse_steps,
+                                           phase="sparse", sink=sink, local=local, **kw(il))
+                del x, q, k
+                if il + 1 < hp.n_layer:
+                    h = _advance(model, il, h, pos)
+            del h
+    rep["sink"], rep["local"], rep["split_source"] = sink, local, split_source
+
+    # ---- assemble
+    key_space = None
+    tensors: dict[str, np.ndarray] = {}
+    for il, w in indexers.items():
+        tensors.update(indexer_tensors(il, w))
+        lr = rep["layers"].setdefault(il, {})
+        lg = log[il]
+        lr.update({"dense_loss_first": lg.dense_loss[0] if lg.dense_loss else None,
+                   "dense_loss_last": float(np.mean(lg.dense_loss[-10:])) if lg.dense_loss else None,
+                   "sparse_loss_last": float(np.mean(lg.sparse_loss[-10:])) if lg.sparse_loss else None,
+                   "train_seconds": lg.seconds})
+    if asq_layers:
+        key_space, means = (cfg.key_space, None) if cfg.key_space != "auto" else choose_key_space(asq_layers)
+        rep["asq"] = {"key_space": key_space, "key_space_mean_err": means,
+                      "layers": {il: la.errors for il, la in enumerate(asq_layers)}}
+        for il, la in enumerate(asq_layers):
+            tensors[f"blk.{il}.dsa.asq_k_proto"] = np.ascontiguousarray(la.k_proto[key_space].numpy())
+            tensors[f"blk.{il}.dsa.asq_v_proto"] = np.ascontiguousarray(la.v_proto.numpy())
+    rep["seconds"] = time.time() - t_start
+    emit({"stage": "done", "seconds": rep["seconds"]})
+    return DsaResult(arch=hp.arch, kv=dsa_kv(hp.arch, cfg, sink, local, split_source, key_space),
+                     tensors=tensors, report=rep)

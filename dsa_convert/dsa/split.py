@@ -1,0 +1,85 @@
+"""Choose the sink / local / indexer split of the top-k budget by measured calibration loss.
+
+The loss is the mean next-token NLL over held-out calibration positions t >= top_k (earlier
+positions attend densely and do not depend on the split), with the sparse model (trained indexers)
+running in every layer. Search: local L over fractions of K at a starting sink, then the sink at the
+best L. Every candidate and its loss is recorded in the report.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import torch
+
+from ..kernels_ref.sparse_attention import DsaAttention
+
+LOCAL_FRACTIONS = (0.125, 0.25, 0.5, 0.75)
+SINK_CANDIDATES = (1, 4, 16, 64)
+
+
+@torch.no_grad()
+def calib_nll(model, tokens: torch.Tensor, attention, start: int) -> float:
+    """Mean next-token NLL (nats) over positions >= start of each chunk in tokens [N, T]."""
+    tot, cnt = 0.0, 0
+    for row in tokens:
+        lg = model.forward(row, attention=attention).double()
+        lp = torch.log_softmax(lg[start:-1], -1)
+        tgt = row[start + 1:].to(lp.device)
+        tot += float(-lp.gather(1, tgt[:, None]).sum())
+        cnt += tgt.numel()
+    return tot / max(cnt, 1)
+
+
+def _align(n: int, select: str, block_size: int) -> int:
+    return n if select == "token" else max(block_size, (n // block_size) * block_size)
+
+
+def local_candidates(top_k: int, sink: int, select: str = "token", block_size: int = 64) -> list[int]:
+    out = []
+    for f in LOCAL_FRACTIONS:
+        L = max(1, int(round(top_k * f)))
+        L = min(L, top_k - sink)
+        if select == "block":   # keep the indexer's share a whole number of blocks
+            L = top_k - sink - _align(top_k - sink - L, select, block_size)
+        if L >= 1 and L not in out:
+            out.append(L)
+    return out
+
+
+def choose_split(model, tokens: torch.Tensor, indexers: dict, *, top_k: int, sink: Optional[int],
+                 select: str = "token", block_size: int = 64,
+                 progress: Optional[Callable[[dict], None]] = None) -> tuple[int, int, dict]:
+    """Return (sink, local, report) minimising held-out calibration NLL at budget top_k."""
+    T = tokens.shape[1]
+    start = min(top_k, T - 2)
+    t0 = time.time()
+    table: list[dict] = []
+    cache: dict[tuple[int, int], float] = {}
+
+    def score(S: int, L: int) -> float:
+        if (S, L) not in cache:
+            att = DsaAttention(scale=model.hp.kq_scale, attn="sparse", top_k=top_k, sink=S, local=L,
+                               select=select, block_size=block_size, indexers=indexers)
+            nll = calib_nll(model, tokens, att, start)
+            cache[(S, L)] = nll
+            table.append({"sink": S, "local": L, "nll": nll, "ppl": math.exp(nll)})
+            if progress is not None:
+                progress({"stage": "split", "sink": S, "local": L, "nll": nll})
+        return cache[(S, L)]
+
+    S0 = sink if sink is not None else 4
+    S0 = min(S0, top_k - 1)
+    best_L = min(local_candidates(top_k, S0, select, block_size), key=lambda L: score(S0, L))
+    best_S = S0
+    if sink is None:
+        for S in SINK_CANDIDATES:
+            if S != S0 and S + best_L <= top_k:
+                score(S, best_L)
+        best_S = min((s for (s, L) in cache if L == best_L), key=lambda s: cache[(s, best_L)])
+    dense_nll = calib_nll(model, tokens, None, start)
+    report = {"candidates": table, "sink": best_S, "local": best_L, "dense_nll": dense_nll,
+              "dense_ppl": math.exp(dense_nll), "best_ppl": math.exp(cache[(best_S, best_L)]),
+              "positions_from": start, "chunks": int(tokens.shape[0]), "seconds": time.time() - t0}
+    return best_S, best_L, report

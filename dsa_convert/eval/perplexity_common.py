@@ -1,0 +1,119 @@
+"""Perplexity bookkeeping shared by the torch and llama.cpp backends, following llama-perplexity
+(tools/perplexity/perplexity.cpp, `perplexity()`):
+
+* the whole file is tokenised once (BOS prepended when the vocab adds BOS);
+* chunks are consecutive, non-overlapping windows of n_ctx tokens; n_chunk = n_tokens // n_ctx
+  (optionally capped);
+* when the vocab adds BOS, the first token of every chunk is replaced by BOS;
+* only the second half of each chunk is scored: logits at positions first .. n_ctx-2 predict
+  tokens first+1 .. n_ctx-1 with first = n_ctx // 2 (n_ctx - 1 - first tokens per chunk);
+* log-softmax per position in double precision; PPL = exp(mean NLL);
+  stderr as llama-perplexity prints it: sqrt((E[nll²] − E[nll]²) / (count − 1)) · PPL.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import BadInputError
+
+
+def vocab_adds_bos(model_dir: Path) -> tuple[bool, int | None]:
+    """(add_bos, bos_id) of a HF checkpoint's tokenizer: tokenizer_config.add_bos_token, else the
+    tokenizers post-processor template (a special token before $A)."""
+    model_dir = Path(model_dir)
+    cfg_p, tok_p = model_dir / "tokenizer_config.json", model_dir / "tokenizer.json"
+    cfg = json.loads(cfg_p.read_text()) if cfg_p.is_file() else {}
+    tok = json.loads(tok_p.read_text()) if tok_p.is_file() else {}
+    bos_tok = cfg.get("bos_token")
+    if isinstance(bos_tok, dict):
+        bos_tok = bos_tok.get("content")
+    bos_id = None
+    for t in tok.get("added_tokens", []):
+        if t.get("content") == bos_tok:
+            bos_id = int(t["id"])
+    if "add_bos_token" in cfg:
+        return bool(cfg["add_bos_token"]) and bos_id is not None, bos_id
+    pp = tok.get("post_processor") or {}
+    procs = pp.get("processors", [pp]) if pp.get("type") == "Sequence" else [pp]
+    for p in procs:
+        if p.get("type") == "TemplateProcessing":
+            single = p.get("single", [])
+            if single and "SpecialToken" in single[0]:
+                return True, bos_id
+    return False, bos_id
+
+
+def tokenize_text(text: str, tokenizer, add_bos: bool, bos_id: int | None) -> list[int]:
+    """Whole-file tokenisation without special tokens, BOS prepended when add_bos."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return ([bos_id] if add_bos and bos_id is not None else []) + list(ids)
+
+
+@dataclass
+class ChunkPlan:
+    n_ctx: int
+    n_chunk: int
+    first: int            # first scored logit position in a chunk (n_ctx // 2)
+    add_bos: bool
+    bos_id: int | None
+
+    @property
+    def tokens_scored(self) -> int:
+        return self.n_chunk * (self.n_ctx - 1 - self.first)
+
+
+def plan_chunks(n_tokens: int, n_ctx: int, max_chunks: int | None, add_bos: bool, bos_id: int | None) -> ChunkPlan:
+    if n_ctx < 4:
+        raise BadInputError(f"--ctx must be >= 4 (got {n_ctx})")
+    if n_tokens < 2 * n_ctx:
+        raise BadInputError(f"need at least {2 * n_ctx} tokens for ctx {n_ctx}, text has {n_tokens}")
+    n_chunk = n_tokens // n_ctx
+    if max_chunks is not None and max_chunks > 0:
+        n_chunk = min(n_chunk, max_chunks)
+    return ChunkPlan(n_ctx, n_chunk, n_ctx // 2, add_bos, bos_id)
+
+
+def chunk_tokens(tokens: list[int] | torch.Tensor, plan: ChunkPlan, i: int) -> torch.Tensor:
+    """LongTensor [n_ctx] of chunk i, first token replaced by BOS when the vocab adds BOS."""
+    t = torch.as_tensor(tokens[i * plan.n_ctx:(i + 1) * plan.n_ctx], dtype=torch.long).clone()
+    if plan.add_bos and plan.bos_id is not None:
+        t[0] = plan.bos_id
+    return t
+
+
+def chunk_nll(logits: torch.Tensor | np.ndarray, chunk: torch.Tensor, plan: ChunkPlan) -> np.ndarray:
+    """Per-token NLL (float64) of the scored half: logits [n_ctx, vocab] of that chunk."""
+    lg = torch.as_tensor(logits)[plan.first: plan.n_ctx - 1].double()
+    tgt = torch.as_tensor(chunk)[plan.first + 1: plan.n_ctx].long().to(lg.device)
+    lp = torch.log_softmax(lg, dim=-1).gather(1, tgt[:, None])[:, 0]
+    return (-lp).cpu().numpy()
+
+
+@dataclass
+class NllAccumulator:
+    nll: float = 0.0
+    nll2: float = 0.0
+    count: int = 0
+    per_chunk: list[float] = field(default_factory=list)
+
+    def add(self, nlls: np.ndarray) -> None:
+        self.nll += float(nlls.sum())
+        self.nll2 += float((nlls ** 2).sum())
+        self.count += int(nlls.size)
+        self.per_chunk.append(math.exp(self.nll / self.count))   # running PPL, as printed per chunk
+
+    def result(self) -> tuple[float, float]:
+        """(ppl, ppl_stderr) as llama-perplexity's final estimate."""
+        if self.count == 0:
+            return float("nan"), float("nan")
+        mean = self.nll / self.count
+        var = self.nll2 / self.count - mean * mean
+        ppl = math.exp(mean)
+        err = math.sqrt(var / (self.count - 1)) * ppl if var > 0 and self.count > 1 else 0.0
+        return ppl, err
