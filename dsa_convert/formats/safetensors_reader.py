@@ -85,8 +85,6 @@ class CheckpointReader:
                 if name in self.entries:
                     raise BadInputError(f"tensor {name!r} appears in two shards")
                 self.entries[name] = TensorEntry(name, shard, tuple(int(d) for d in info["shape"]), info["dtype"])
-        self._weight_map = None
-        self._open: dict[Path, object] = {}
 
     def _shards_from_index(self, index: Path) -> list[Path]:
         try:
@@ -114,11 +112,11 @@ class CheckpointReader:
     def load(self, name: str) -> torch.Tensor:
         """One tensor, as float32 (copied out of the mmap)."""
         e = self.entries[name]
-        h = self._open.get(e.shard)
-        if h is None:
-            h = self._open[e.shard] = safe_open(str(e.shard), framework="pt")
-        t = h.get_tensor(name)
+        # A fresh mapping per tensor: when it is dropped its pages leave the process, so peak RSS
+        # stays at one tensor (+ constant) instead of growing with every shard page touched.
+        with safe_open(str(e.shard), framework="pt") as h:
+            t = h.get_tensor(name)
         return t.to(torch.float32) if t.dtype != torch.float32 else t.clone()
 
     def close(self) -> None:
-        self._open.clear()
+        """Nothing stays open between loads; kept for symmetry with the GGUF reader."""
