@@ -77,10 +77,10 @@ def fit_layer(sampler: AsqSampler, rope_keys: Callable[[Tensor, Tensor], Tensor]
     pos_ho = pos[ho]
     for s in spaces:
         dec = asq.roundtrip_heads(src[s][:, ho], kp[s], bits)
-        k_hat = rope_keys(dec, pos_ho) if s == "pre_rope" else dec
+        k_hat = (rope_keys(dec, pos_ho) if s == "pre_rope" else dec).cpu()
         errs[f"k_{s}"] = rel_err(k_hat, k_true)
     errs["v"] = rel_err(asq.roundtrip_heads(v[:, ho], vp, bits), v[:, ho])
-    for kind in ("q8_0", "q4_0"):
+    for kind in ("q8_0", "q4_0") if k_true.shape[-1] % 32 == 0 else ():
         errs[f"k_{kind}"] = rel_err(kv_roundtrip(k_true, kind), k_true)
         errs[f"v_{kind}"] = rel_err(kv_roundtrip(v[:, ho], kind), v[:, ho])
     return LayerAsq(kp, vp, errs)

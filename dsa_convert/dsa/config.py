@@ -35,6 +35,7 @@ class DsaConfig:
     calib_chunks: int = 32              # chunks of ctx tokens read from the calibration text
     steps: int = 300                    # dense KL warm-up steps per layer
     sparse_steps: Optional[int] = None  # selected-set KL steps per layer; None -> steps // 3
+    sparse_target: str = "selected"     # sparse-phase KL over: selected (DeepSeek) | middle ([S, t-L])
     lr: float = 2e-3
     query_rows: int = 512               # query rows sampled per step (from t >= top_k)
     split_chunks: int = 4               # held-out calibration chunks used to score S/L candidates
@@ -69,6 +70,8 @@ class DsaConfig:
             raise BadInputError(f"key space must be auto, pre_rope or post_rope (got {self.key_space!r})")
         if self.steps < 0 or (self.sparse_steps is not None and self.sparse_steps < 0):
             raise BadInputError("--steps must be >= 0")
+        if self.sparse_target not in ("selected", "middle"):
+            raise BadInputError(f"sparse target must be selected or middle (got {self.sparse_target!r})")
         if self.calib_chunks < 1:
             raise BadInputError("need at least one calibration chunk")
         if not Path(self.calib).is_file():

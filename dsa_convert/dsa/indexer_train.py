@@ -3,7 +3,8 @@
 Target for query t: the dense attention probabilities of the layer summed over heads and
 renormalised, p_t(s) (s <= t). Phase 1 (dense warm-up) minimises KL(p_t || softmax_s score(t, s))
 over all s <= t. Phase 2 (sparse) restricts both distributions to the keys the current indexer
-would select (FORMAT §5) with the chosen sink/local split. Only query rows t >= top_k are used in
+would select (FORMAT §5) with the chosen sink/local split (``sparse_target='selected'``, DeepSeek) or
+to the middle region the indexer actually picks from, [sink, t − local] (``'middle'``). Only query rows t >= top_k are used in
 phase 2 (earlier rows attend densely); phase 1 samples rows from t >= min(top_k, T/2).
 """
 from __future__ import annotations
@@ -90,7 +91,7 @@ class _Params(torch.nn.Module):
 def train_layer(data: LayerCalib, w0: IndexerWeights, *, steps: int, top_k: int, lr: float,
                 query_rows: int, seed: int, device: str = "cpu", phase: str = "dense",
                 sink: int = 0, local: int = 1, select: str = "token", block_size: int = 64,
-                layer: int = 0, progress: Optional[ProgressFn] = None, log: Optional[TrainLog] = None
+                sparse_target: str = "selected", layer: int = 0, progress: Optional[ProgressFn] = None, log: Optional[TrainLog] = None
                 ) -> IndexerWeights:
     """Run ``steps`` Adam steps of one phase ('dense' | 'sparse') and return detached CPU weights."""
     log = log if log is not None else TrainLog()
@@ -118,6 +119,10 @@ def train_layer(data: LayerCalib, w0: IndexerWeights, *, steps: int, top_k: int,
         causal = torch.arange(T, device=dev)[None, :] <= rows[:, None]
         if phase == "dense":
             keep = causal
+        elif sparse_target == "middle":   # rank only the candidates the indexer chooses from
+            r = rows[:, None]
+            s_idx = torch.arange(T, device=dev)[None, :]
+            keep = causal & (s_idx >= sink) & (s_idx <= r - local)
         else:
             with torch.no_grad():
                 full = torch.full((T, T), float("-inf"), device=dev)

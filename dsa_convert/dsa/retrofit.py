@@ -109,7 +109,7 @@ def _layer_data(model, il: int, h: torch.Tensor, pos: torch.Tensor, sampler: Asq
     xs, qs, ks = [], [], []
     with torch.no_grad():
         for hh in h:
-            x = model.attn_input(il, hh)
+            x = model.attn_input(il, hh.to(model.device))
             q, k, v, k_pre = model.qkv(il, x, pos)
             if sampler is not None:
                 sampler.add(k_pre, k, v, pos)
@@ -152,7 +152,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
 
     def kw(il: int) -> dict:
         return dict(top_k=cfg.top_k, lr=cfg.lr, query_rows=cfg.query_rows, seed=cfg.seed, device=dev,
-                    select=cfg.select, block_size=cfg.block_size, layer=il, progress=emit, log=log[il])
+                    select=cfg.select, block_size=cfg.block_size, sparse_target=cfg.sparse_target, layer=il,
+                    progress=emit, log=log[il])
 
     # ---- pass A: dense warm-up (+ sparse phase when the split is given), ASQ samples, layer by layer
     emit({"stage": "calib_forward", "chunks": n_train + n_held, "ctx": ctx})

@@ -95,6 +95,8 @@ def perplexity_torch(model_path: Path | None, text_path: Path, *, ctx: int = 204
             raise BadInputError("--attn sparse needs indexer tensors (a dsa GGUF or a retrofit result)")
         if S + L > K:   # an overridden top_k smaller than the file's split: scale the split down
             S, L = min(S, K), max(1, min(L, K - min(S, K)))
+    if kv in ("q8_0", "q4_0") and model.hp.head_dim % 32:
+        raise BadInputError(f"--kv {kv} needs head_dim divisible by 32 (model has {model.hp.head_dim})")
     if kv == "asq" and not st.get("asq_protos"):
         raise BadInputError("--kv asq needs ASQ prototypes (a dsa GGUF with asq tensors or a retrofit result)")
     # ---- tokens

@@ -53,7 +53,7 @@ def rope_neox(x: Tensor, positions: Tensor, rope_dim: int, base: float) -> Tenso
     half = rope_dim // 2
     i = torch.arange(half, dtype=torch.float64, device=x.device)
     freqs = base ** (-2.0 * i / rope_dim)                                   # [R/2]
-    ang = positions.to(torch.float64)[:, None] * freqs[None, :]              # [T, R/2]
+    ang = positions.to(device=x.device, dtype=torch.float64)[:, None] * freqs[None, :]              # [T, R/2]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2, rest = x[..., :half], x[..., half:rope_dim], x[..., rope_dim:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest], dim=-1)
