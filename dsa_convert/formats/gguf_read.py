@@ -11,6 +11,122 @@ import numpy as np
 from ..errors import BadInputError
 
 GGUF_MAGIC = b"GGUF"
+GGML_MAX_DIMS = 4
+# GGUFValueType -> byte size of a scalar (STRING = 8 and ARRAY = 9 are walked)
+_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+
+
+def _prescan(path: Path, size: int) -> None:
+    """Walk the header, KV section and tensor infos with bounds checks before gguf-py parses them.
+
+    gguf-py advances by the bytes it actually got, so a huge count at the end of a file (array length,
+    kv/tensor count) makes it loop over empty reads for minutes and allocate GBs; it also accepts
+    tensor data past the end of the file. Every loop here consumes >= 1 byte and is bounded by the size.
+    Raises BadInputError with a one-line reason.
+    """
+    import mmap
+    import struct
+
+    name = path.name
+    if size < 24:
+        raise BadInputError(f"{name}: truncated GGUF ({size} bytes, header needs 24)")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        (ver,) = struct.unpack_from("<I", mm, 4)
+        bo = "<"
+        if ver & 0xFFFF == 0:  # written on the opposite byte order
+            bo = ">"
+            (ver,) = struct.unpack_from(">I", mm, 4)
+        if ver not in (2, 3):
+            raise BadInputError(f"{name}: unsupported GGUF version {ver}")
+        n_tensors, n_kv = struct.unpack_from(bo + "QQ", mm, 8)
+        off = 24
+
+        def need(n: int, what: str) -> None:
+            if n < 0 or off + n > size:
+                raise BadInputError(f"{name}: corrupt or truncated GGUF ({what} at byte {off} needs {n} bytes, "
+                                    f"file has {size})")
+
+        def u(fmt: str, what: str) -> int:
+            nonlocal off
+            n = struct.calcsize(fmt)
+            need(n, what)
+            (v,) = struct.unpack_from(bo + fmt, mm, off)
+            off += n
+            return v
+
+        def string(what: str) -> bytes:
+            nonlocal off
+            n = u("Q", what)
+            need(n, what)
+            off += n
+            return bytes(mm[off - n:off]) if n <= 4096 else b""
+
+        def value(vtype: int, what: str, depth: int = 0) -> int | None:
+            nonlocal off
+            if vtype in _SCALAR_SIZE:
+                sz = _SCALAR_SIZE[vtype]
+                need(sz, what)
+                v = struct.unpack_from(bo + "I", mm, off)[0] if vtype == _UINT32 else None
+                off += sz
+                return v
+            if vtype == _STRING:
+                string(what)
+                return None
+            if vtype == _ARRAY and depth < 2:
+                itype = u("I", what)
+                count = u("Q", what)
+                if itype in _SCALAR_SIZE:
+                    need(count * _SCALAR_SIZE[itype], f"{what} ({count} items)")
+                    off += count * _SCALAR_SIZE[itype]
+                    return None
+                if itype not in (_STRING, _ARRAY):
+                    raise BadInputError(f"{name}: corrupt GGUF ({what}: unknown array item type {itype})")
+                need(count * (8 if itype == _STRING else 12), f"{what} ({count} items)")
+                for _ in range(count):
+                    value(itype, what, depth + 1)
+                return None
+            raise BadInputError(f"{name}: corrupt GGUF ({what}: unknown value type {vtype})")
+
+        need(n_kv * 13, f"{n_kv} key/value pairs")
+        alignment = 32
+        for i in range(n_kv):
+            key = string(f"key #{i}")
+            v = value(u("I", f"type of key #{i}"), f"value of key #{i}")
+            if key == b"general.alignment" and v is not None:
+                alignment = v
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise BadInputError(f"{name}: corrupt GGUF (general.alignment {alignment} is not a power of two)")
+        need(n_tensors * 24, f"{n_tensors} tensor infos")
+        infos = []
+        for i in range(n_tensors):
+            tname = string(f"tensor info #{i}")
+            n_dims = u("I", f"tensor info #{i}")
+            if n_dims > GGML_MAX_DIMS:
+                raise BadInputError(f"{name}: corrupt GGUF (tensor #{i} has {n_dims} dimensions, max {GGML_MAX_DIMS})")
+            dims = [u("Q", f"tensor info #{i}") for _ in range(n_dims)]
+            qt = u("I", f"tensor info #{i}")
+            t_off = u("Q", f"tensor info #{i}")
+            infos.append((tname, dims, qt, t_off))
+        data_start = (off + alignment - 1) // alignment * alignment
+        for tname, dims, qt, t_off in infos:
+            label = tname.decode("utf-8", "replace") or "?"
+            try:
+                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qt)]
+            except (ValueError, KeyError):
+                raise BadInputError(f"{name}: corrupt GGUF (tensor {label!r} has unknown type {qt})") from None
+            n_el = 1
+            for d in dims:
+                n_el *= d
+            if dims and dims[0] % block:
+                raise BadInputError(f"{name}: corrupt GGUF (tensor {label!r}: row of {dims[0]} is not a multiple "
+                                    f"of the {block}-element block)")
+            n_bytes = n_el * type_size // block
+            if t_off % alignment:
+                raise BadInputError(f"{name}: corrupt GGUF (tensor {label!r} offset {t_off} is not aligned)")
+            if data_start + t_off + n_bytes > size:
+                raise BadInputError(f"{name}: truncated or corrupt GGUF (tensor {label!r} needs bytes "
+                                    f"{data_start + t_off}..{data_start + t_off + n_bytes}, file has {size})")
 
 
 @dataclass(frozen=True)
@@ -40,13 +156,20 @@ class GgufFile:
         self.path = Path(path)
         if not self.path.is_file():
             raise BadInputError(f"file not found: {self.path}")
-        size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise BadInputError(f"cannot read {self.path}: {e.strerror or e}") from None
         if magic != GGUF_MAGIC:
             raise BadInputError(f"{self.path.name}: not a GGUF file (bad magic {magic!r}, {size} bytes)")
         try:
-            self.reader = gguf.GGUFReader(str(self.path), "r")
+            _prescan(self.path, size)
+            with np.errstate(over="ignore"):
+                self.reader = gguf.GGUFReader(str(self.path), "r")
+        except BadInputError:
+            raise
         except Exception as e:  # gguf-py raises ValueError/IndexError/struct errors/overflow on corrupt files
             msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
             raise BadInputError(f"{self.path.name}: corrupt or truncated GGUF ({msg[:160]})") from None
@@ -64,7 +187,10 @@ class GgufFile:
         f = self.reader.fields.get(key)
         if f is None:
             return default
-        return f.contents()
+        try:
+            return f.contents()
+        except (UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
+            raise BadInputError(f"{self.path.name}: corrupt value for key {key} ({e.__class__.__name__})") from None
 
     def require(self, key: str) -> Any:
         v = self.get(key)
@@ -98,9 +224,9 @@ class GgufFile:
                 a = np.asarray(t.data, dtype=np.float32)
             else:
                 a = gguf.quants.dequantize(np.asarray(t.data), info.qtype)
-        except (ValueError, NotImplementedError) as e:
-            raise BadInputError(f"{self.path.name}: cannot read tensor {name} ({e})") from None
-        return a.reshape(info.shape)
+            return a.reshape(info.shape)
+        except (ValueError, NotImplementedError, TypeError, IndexError) as e:
+            raise BadInputError(f"{self.path.name}: cannot read tensor {name} ({str(e)[:160]})") from None
 
     def layer_count(self) -> int:
         return int(self.akey("block_count", 0))

@@ -40,27 +40,48 @@ def _read_header(path: Path) -> dict:
             raise BadInputError(f"{path.name}: corrupt safetensors header (length {n}, file {size} bytes)")
         try:
             header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise BadInputError(f"{path.name}: corrupt safetensors header (not JSON)") from None
     if not isinstance(header, dict):
         raise BadInputError(f"{path.name}: corrupt safetensors header")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise BadInputError(f"{path.name}: corrupt safetensors header (__metadata__ must map strings to strings)")
     data_len = size - 8 - n
+    spans = []
+
+    def is_uint(v) -> bool:  # the format stores usize: no bools, floats, strings or negatives
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
     for name, info in header.items():
         if name == "__metadata__":
             continue
         try:
             begin, end = info["data_offsets"]
             nbytes = _ST_DTYPE_BYTES[info["dtype"]]
+            shape = info["shape"]
+            if not (isinstance(shape, list) and all(is_uint(d) for d in shape) and is_uint(begin) and is_uint(end)):
+                raise ValueError
             numel = 1
-            for d in info["shape"]:
-                numel *= int(d)
+            for d in shape:
+                numel *= d
         except (KeyError, TypeError, ValueError):
             raise BadInputError(f"{path.name}: corrupt entry for tensor {name!r}") from None
         if end > data_len:
             raise BadInputError(f"{path.name}: truncated — tensor {name!r} ends at byte {end} "
                                 f"but the file holds {data_len} data bytes")
-        if end - begin != numel * nbytes:
+        if end < begin or end - begin != numel * nbytes:
             raise BadInputError(f"{path.name}: tensor {name!r} size does not match its shape")
+        spans.append((begin, end, name))
+    # the format requires the data to be covered exactly: no overlaps, no holes, no trailing bytes
+    pos = 0
+    for begin, end, name in sorted(spans):
+        if begin != pos:
+            raise BadInputError(f"{path.name}: corrupt safetensors data layout (tensor {name!r} starts at byte "
+                                f"{begin}, expected {pos}: overlapping tensors or a hole)")
+        pos = end
+    if pos != data_len:
+        raise BadInputError(f"{path.name}: corrupt safetensors file ({data_len - pos} bytes after the last tensor)")
     return header
 
 
@@ -91,6 +112,8 @@ class CheckpointReader:
             wmap = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
             raise BadInputError(f"{index.name}: corrupt index (no weight_map)") from None
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) and v for v in wmap.values()):
+            raise BadInputError(f"{index.name}: corrupt index (weight_map must map tensor names to shard files)")
         shards = []
         for tname, fname in wmap.items():
             p = (self.model_dir / str(fname)).resolve()

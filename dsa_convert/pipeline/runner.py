@@ -117,7 +117,7 @@ def option_argv(step: StepSpec, base: Path, cmd) -> tuple[list[str], list[Path]]
             s = str(v)
             is_path = p is not None and _is_path_param(p)
             cand = resolve_path(s, base) if isinstance(v, str) else None
-            if is_path or (p is None and cand is not None and ("/" in s or cand.exists())):
+            if is_path or (cand is not None and (cand.exists() or (p is None and "/" in s))):
                 s = str(cand)
                 if cand.exists():
                     paths.append(cand)
