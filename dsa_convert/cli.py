@@ -206,6 +206,43 @@ def inspect(
         render(s, Console())
 
 
+# ---- dsa quantize (dsa_convert/quant/) -------------------------------------------------------
+@app.command()
+@guarded
+def quantize(
+    inp: Path = typer.Argument(..., help="input GGUF (F16/F32/BF16 linear weights)"),
+    out: Path = typer.Argument(..., help="output .gguf"),
+    method: str = typer.Option("awq", help="awq | rtn (round-to-nearest, no calibration)"),
+    qtype: str = typer.Option("q4_0", "--type", help="q4_0 | q4_1 | q4_k_m (K-quants via llama.cpp's quantizer)"),
+    group_size: int = typer.Option(128, help="clipping groups / K-quant fake-quant groups (multiple of 32)"),
+    calib: Optional[Path] = typer.Option(None, help="calibration text (required for awq)"),
+    samples: int = typer.Option(128, help="calibration sequences"),
+    seq_len: int = typer.Option(512, help="tokens per calibration sequence"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    imatrix: Optional[str] = typer.Option(None, help="K-quants: 'auto' (from the calibration activations, "
+                                          "AWQ-consistent), a llama-imatrix GGUF file (rescaled by the AWQ "
+                                          "scales), or 'none'"),
+    no_clip: bool = typer.Option(False, "--no-clip", help="AWQ scaling only, no clipping search"),
+    threads: Optional[int] = typer.Option(None, help="llama-quantize threads"),
+    seed: int = typer.Option(0, help="random seed (token subsets of the searches)"),
+    force: bool = typer.Option(False, "--force", help="overwrite OUT"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary on stdout"),
+):
+    """4-bit quantization with AWQ calibration (or RTN): Q4_0/Q4_1 written here, Q4_K_M by llama.cpp."""
+    from .quant.quantize import QuantOptions, quantize as run
+
+    res = run(QuantOptions(inp, out, method=method, qtype=qtype.lower(), group_size=group_size, calib=calib,
+                           samples=samples, seq_len=seq_len, device=device, imatrix=imatrix, force=force,
+                           quiet=as_json, clip=not no_clip, threads=threads, seed=seed))
+    if as_json:
+        emit_json(res)
+    else:
+        print(f"wrote {res['output']} ({res['type']}, {res['method']}, {res['bytes'] / 2**20:.1f} MiB, "
+              f"{res['bits_per_weight']:.2f} bpw, {res['seconds']:.1f} s, peak RSS {res['peak_rss_mib']:.0f} MiB)",
+              file=sys.stderr)
+# ---- end dsa quantize ------------------------------------------------------------------------
+
+
 @backend_app.command("build")
 @guarded
 def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CUDA (sm_90 by default)"),

@@ -1,0 +1,53 @@
+"""AWQ weight clipping (after llm-awq's auto_clip): per output channel and group of `group` input
+columns, shrink max|w| over 10 steps of 5% (down to 50%) and keep the threshold whose fake-quantized
+weights give the lowest error of that group's partial output Σ_k x_k·w_k on calibration tokens.
+q/k are skipped (their outputs go through softmax; llm-awq skips them as well)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+SKIP = ("attn_q", "attn_k")
+
+
+@torch.no_grad()
+def clip_weight(w: torch.Tensor, x: torch.Tensor, fq: Callable, group: int, n_grid: int = 20,
+                max_shrink: float = 0.5, oc_batch: int = 256) -> tuple[torch.Tensor, float]:
+    """w [co, ci], x [n, ci] → (clipped w, mean relative shrink)."""
+    co, ci = w.shape
+    ng = ci // group
+    xg = x.reshape(-1, ng, group)
+    out = torch.empty_like(w)
+    shrink_sum = 0.0
+    for s in range(0, co, oc_batch):
+        wb = w[s:s + oc_batch]
+        c = wb.shape[0]
+        wg = wb.reshape(c, ng, group)
+        org = torch.einsum("ngk,cgk->gnc", xg, wg)
+        org_max = wg.abs().amax(-1, keepdim=True)                 # [c, ng, 1]
+        best_max = org_max.clone()
+        best_err = torch.full((c, ng), float("inf"), device=w.device)
+        for i in range(int(max_shrink * n_grid)):
+            mx = org_max * (1 - i / n_grid)
+            cur = torch.maximum(torch.minimum(wg, mx), -mx)
+            q = fq(cur.reshape(c, ci)).reshape(c, ng, group)
+            err = (torch.einsum("ngk,cgk->gnc", xg, q) - org).pow(2).mean(1).T   # [c, ng]
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_max = torch.where(better[..., None], mx, best_max)
+        out[s:s + c] = torch.maximum(torch.minimum(wg, best_max), -best_max).reshape(c, ci)
+        shrink_sum += float((best_max / org_max.clamp(min=1e-12)).mean()) * c
+    return out, 1.0 - shrink_sum / co
+
+
+def auto_clip_block(blk, caps: dict[str, torch.Tensor], fq: Callable, group: int, n_tokens: int,
+                    gen: torch.Generator | None = None) -> dict:
+    inputs = {"attn_v": "attn_in", "attn_output": "attn_out", "ffn_gate": "ffn_in", "ffn_up": "ffn_in",
+              "ffn_down": "ffn_mid"}
+    rep = {}
+    for name, key in inputs.items():
+        x = caps[key].reshape(-1, caps[key].shape[-1])
+        sel = torch.randperm(x.shape[0], generator=gen)[: min(n_tokens, x.shape[0])].to(x.device)
+        blk.w[name], rep[name] = clip_weight(blk.w[name], x[sel], fq, group)
+    return rep
