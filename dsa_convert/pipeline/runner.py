@@ -299,6 +299,13 @@ def run_step(spec: PipelineSpec, model: ModelSpec, step: StepSpec, outputs: dict
             code, res.exit_code = 1, 1
             res.error = f"`dsa {step.kind} --json` printed invalid JSON"
     if code != 0:
+        if code < 0:  # killed by a signal: a native crash (SIGSEGV/SIGABRT) or the OOM killer (SIGKILL)
+            try:
+                sig = signal.Signals(-code).name
+            except ValueError:
+                sig = f"signal {-code}"
+            res.error = res.error or f"`dsa {step.kind}` crashed ({sig})" + (
+                f": {last_error_line(log)}" if last_error_line(log) else "")
         res.error = res.error or last_error_line(log) or f"exit code {code}"
         return res
     if step.kind == "eval":
