@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,10 @@ class BuildConfig:
     jobs: int = max(1, os.cpu_count() or 1)
     extra_cmake_args: list[str] = field(default_factory=list)
     sdist: Path | None = None
+    # ggml's AMX weight buffers (chosen automatically for Q4_0/Q8_0 on CPUs that advertise AMX)
+    # segfault on this project's x86 VMs, in the stock tree too (llama-perplexity on a Q4_0 file:
+    # SIGSEGV; with --no-repack: fine). Off unless asked for; AVX-512/AVX2 paths stay native.
+    amx: bool = False
 
     def cmake_args(self) -> list[str]:
         args = [
@@ -54,6 +59,9 @@ class BuildConfig:
         ]
         if self.cuda:
             args += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_arch}"]
+        if not self.amx and platform.machine() in ("x86_64", "AMD64"):
+            no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            args += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
         return args + list(self.extra_cmake_args)
 
 
@@ -167,7 +175,7 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
         src = next(p for p in work.iterdir() if p.is_dir())
         apply_patches(src, log)
         env = dict(os.environ)
-        env["CMAKE_ARGS"] = " ".join(cfg.cmake_args())
+        env["CMAKE_ARGS"] = " ".join(shlex.quote(a) for a in cfg.cmake_args())
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(cfg.jobs)
         bdir = work / "build"
         staging = work / "stage"
@@ -203,11 +211,12 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--amx", action="store_true", help="keep ggml's AMX CPU buffers (off by default)")
     ap.add_argument("--no-install", action="store_true")
     ap.add_argument("--sdist", type=Path)
     a = ap.parse_args(argv)
     try:
-        build(BuildConfig(cuda=a.cuda, sdist=a.sdist), install=not a.no_install)
+        build(BuildConfig(cuda=a.cuda, sdist=a.sdist, amx=a.amx), install=not a.no_install)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -6,7 +6,9 @@ which the next run removes when its process is gone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 from pathlib import Path
 
 from ..errors import BadInputError
@@ -37,6 +39,16 @@ def _clean_stale(out: Path) -> None:
             pass
 
 
+def _disk_full(directory: Path, e: OSError) -> bool:
+    """numpy's short writes raise OSError without errno ("N requested and M written")."""
+    if e.errno is not None or "written" not in str(e):
+        return False
+    try:
+        return shutil.disk_usage(directory).free < 1 << 20
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def atomic_output(out: Path):
     """Yields a temp path; on success it is renamed onto `out`, on any exit otherwise removed."""
@@ -48,7 +60,7 @@ def atomic_output(out: Path):
         os.replace(tmp, out)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        if e.errno == 28:
+        if e.errno == errno.ENOSPC or _disk_full(out.parent, e):
             raise BadInputError(f"no space left on device while writing {out}") from None
         raise BadInputError(f"cannot write {out}: {e.strerror or e}") from None
     except BaseException:
