@@ -86,7 +86,7 @@ def convert(
     allow_eval_calib: bool = typer.Option(False, "--allow-eval-calib",
                                           help="allow calibration text identical to the evaluation text"),
 ):
-    """Convert a HuggingFace checkpoint to GGUF (with the DSA retrofit unless --no-dsa)."""
+    """Convert a HuggingFace checkpoint to GGUF; any DSA option (--cluster-num, --top-k, ...) adds the sparse-attention retrofit."""
     from .convert import ConvertOptions, convert as run
 
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
