@@ -33,11 +33,11 @@ class DsaConfig:
     calib: Path = Path("calib.txt")
     ctx: Optional[int] = None           # calibration chunk length; None -> min(2048, model context)
     calib_chunks: int = 32              # chunks of ctx tokens read from the calibration text
-    steps: int = 300                    # dense KL warm-up steps per layer
-    sparse_steps: Optional[int] = None  # selected-set KL steps per layer; None -> steps // 3
-    sparse_target: str = "selected"     # sparse-phase KL over: selected (DeepSeek) | middle ([S, t-L])
+    steps: int = 400                    # dense KL warm-up steps per layer
+    sparse_steps: Optional[int] = None  # sparse-phase KL steps per layer; None -> steps
+    sparse_target: str = "middle"       # sparse-phase KL over: middle ([S, t-L], default) | selected (DeepSeek)
     lr: float = 2e-3
-    query_rows: int = 512               # query rows sampled per step (from t >= top_k)
+    query_rows: int = 256               # query rows sampled per step (from t >= top_k)
     split_chunks: int = 4               # held-out calibration chunks used to score S/L candidates
     device: str = "auto"                # auto | cpu | cuda | cuda:N
     seed: int = 0
@@ -80,7 +80,7 @@ class DsaConfig:
 
     @property
     def n_sparse_steps(self) -> int:
-        return self.steps // 3 if self.sparse_steps is None else self.sparse_steps
+        return self.steps if self.sparse_steps is None else self.sparse_steps
 
     def resolve_device(self) -> str:
         import torch

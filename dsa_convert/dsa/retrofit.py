@@ -175,7 +175,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         if sampler is not None:
             emit({"stage": "asq_fit", "layer": il})
             spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
-            asq_layers.append(fit_layer(sampler, model.rope_keys, cfg.cluster_num, cfg.residual_bits,
+            rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
+            asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
                                         cfg.seed + il, spaces=spaces))
         del x, q, k, data
         h = _advance(model, il, h, pos)

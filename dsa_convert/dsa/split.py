@@ -15,7 +15,7 @@ import torch
 
 from ..kernels_ref.sparse_attention import DsaAttention
 
-LOCAL_FRACTIONS = (0.125, 0.25, 0.5, 0.75)
+LOCAL_FRACTIONS = (0.125, 0.25, 0.5, 0.75, 0.875)
 SINK_CANDIDATES = (1, 4, 16, 64)
 
 
