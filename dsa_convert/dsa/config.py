@@ -25,7 +25,7 @@ class DsaConfig:
     rope_dim: int = 32                  # R (even, <= D)
     norm_eps: float = 1e-6
     # ---- ASQ (FORMAT §6); cluster_num None -> no ASQ tensors
-    cluster_num: Optional[int] = 32
+    cluster_num: Optional[int] = 64
     residual_bits: int = 4
     key_space: KeySpace = "auto"        # auto -> chosen by measured reconstruction error
     asq_samples: int = 32768            # vectors per (layer, KV head, K/V) given to k-means

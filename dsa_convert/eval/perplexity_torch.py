@@ -114,6 +114,9 @@ def perplexity_torch(model_path: Path | None, text_path: Path, *, ctx: int = 204
     else:
         ab, bos_id = (vocab_adds_bos(tdir) if tdir else (False, None))
         ab = ab if add_bos is None else add_bos
+        if bos_id is None and getattr(model, "gguf", None) is not None:
+            b = model.gguf.get("tokenizer.ggml.bos_token_id")
+            bos_id = None if b is None else int(b)
     plan = plan_chunks(len(tokens), ctx, chunks, ab, bos_id)
     hook = None
     if attn != "dense" or kv != "f32":
