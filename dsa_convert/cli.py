@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from .errors import EXIT_INTERRUPTED, EXIT_RUNTIME, DsaError
+from .errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_TERMINATED, DsaError, Terminated
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="HF checkpoint -> GGUF with sparse attention, compressed KV cache and AWQ INT4.")
@@ -47,6 +47,8 @@ def guarded(fn):
             _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__, e.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", EXIT_INTERRUPTED)
+        except Terminated:
+            _fail("terminated", EXIT_TERMINATED)
         except MemoryError:
             _fail("out of memory", EXIT_RUNTIME)
         except Exception as e:  # unexpected: still one line unless --debug
@@ -306,7 +308,14 @@ def pipeline_run(
 # ---- end pipeline ---------------------------------------------------------------------------------
 
 
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)   # batch schedulers stop jobs with SIGTERM: clean up like Ctrl-C
     app()
 
 

@@ -6,6 +6,11 @@ EXIT_RUNTIME = 1      # a step failed while running (backend crash, build failur
 EXIT_USAGE = 2        # bad command line (Typer/click's own code)
 EXIT_BAD_INPUT = 3    # the input files or options cannot be used
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143   # SIGTERM (128 + 15)
+
+
+class Terminated(BaseException):
+    """Raised from the SIGTERM handler so that `finally`/atomic-output cleanup runs as for Ctrl-C."""
 
 
 class DsaError(Exception):

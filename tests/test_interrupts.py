@@ -76,6 +76,19 @@ def test_sigint_mid_write(big_model, tmp_path):
     assert not list(tmp_path.glob(".o.gguf.partial-*"))
 
 
+def test_sigterm_mid_write(big_model, tmp_path):
+    """Batch schedulers stop jobs with SIGTERM: same cleanup as Ctrl-C, exit 143."""
+    out = tmp_path / "o.gguf"
+    proc = start_convert(big_model, out)
+    wait_for_partial(out, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "error: terminated" and "Traceback" not in err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".o.gguf.partial-*"))
+
+
 def test_sigint_keeps_previous_output(big_model, tmp_path):
     """--force over an existing OUT: an interrupted run leaves the old file byte for byte."""
     out = tmp_path / "o.gguf"
