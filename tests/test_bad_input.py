@@ -3,7 +3,7 @@ indexes, unwritable output, full disks. Every case must end in a one-line `error
 non-zero exit — never a traceback, a hang or a half-written output file.
 
 Files are crafted byte by byte (struct) so the cases do not depend on a writer accepting them.
-Run: python -m pytest tests/test_bad_input.py -q      (results: docs/results/hardening.md)
+Run: python -m pytest tests/test_bad_input.py -q      (results: docs/RESULTS.md, section 5)
 """
 from __future__ import annotations
 
