@@ -9,17 +9,18 @@ work=${DSA_DEMO_DIR:-out/demo}
 mkdir -p "$work"
 model=../shared/models/ref-llama-27m
 steps=${DSA_DEMO_STEPS:-200}
+topk=512; ctx=2048
 if [[ ! -f "$model/config.json" ]]; then
   echo "reference model not found; generating a small checkpoint in $work/tiny-model"
   "$PY" scripts/make_tiny_checkpoint.py "$work/tiny-model"
-  model="$work/tiny-model"
+  model="$work/tiny-model"; topk=64; ctx=256
 fi
 calib=../shared/data/calib/books-calib.txt
 [[ -f "$calib" ]] || calib=$("$PY" scripts/make_tiny_checkpoint.py --calib-text "$work/calib.txt")
 set -x
-"$PY" -m dsa_convert.cli convert "$model" "$work/model-dsa.gguf" --cluster-num 32 --top-k 512 \
+"$PY" -m dsa_convert.cli convert "$model" "$work/model-dsa.gguf" --cluster-num 32 --top-k "$topk" \
       --calib "$calib" --steps "$steps" --force
 "$PY" -m dsa_convert.cli inspect "$work/model-dsa.gguf" | tail -n 5
 "$PY" -m dsa_convert.cli quantize "$work/model-dsa.gguf" "$work/model-dsa-q4.gguf" --calib "$calib" --force
-"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx 2048 --chunks 4 --attn sparse
-"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx 2048 --chunks 4 --attn dense
+"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx "$ctx" --chunks 4 --attn sparse
+"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx "$ctx" --chunks 4 --attn dense
