@@ -17,10 +17,12 @@ if [[ ! -f "$model/config.json" ]]; then
 fi
 calib=../shared/data/calib/books-calib.txt
 [[ -f "$calib" ]] || calib=$("$PY" scripts/make_tiny_checkpoint.py --calib-text "$work/calib.txt")
+evaldata=()
+[[ -f ../shared/data/wikitext-2-raw/wiki.test.raw ]] || evaldata=(--data "$("$PY" scripts/make_tiny_checkpoint.py --eval-text "$work/eval.txt")")
 set -x
 "$PY" -m dsa_convert.cli convert "$model" "$work/model-dsa.gguf" --cluster-num 32 --top-k "$topk" \
       --calib "$calib" --steps "$steps" --force
 "$PY" -m dsa_convert.cli inspect "$work/model-dsa.gguf" | tail -n 5
 "$PY" -m dsa_convert.cli quantize "$work/model-dsa.gguf" "$work/model-dsa-q4.gguf" --calib "$calib" --force
-"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx "$ctx" --chunks 4 --attn sparse
-"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx "$ctx" --chunks 4 --attn dense
+"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx "$ctx" --chunks 4 --attn sparse "${evaldata[@]}"
+"$PY" -m dsa_convert.cli eval "$work/model-dsa-q4.gguf" --ppl wikitext2 --ctx "$ctx" --chunks 4 --attn dense "${evaldata[@]}"

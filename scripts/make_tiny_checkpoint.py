@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A small random Llama checkpoint in HF layout (for the demo when ../shared is absent), or, with
---calib-text OUT, a calibration text file made of public-domain-style filler. Prints the path."""
+--calib-text OUT / --eval-text OUT, filler text files (different seeds) for machines without ../shared.
+Prints the path."""
 from __future__ import annotations
 
 import sys
@@ -11,12 +12,11 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--calib-text":
-        from conftest import wiki_passage  # noqa: F401  (shares the tokenizer sample text)
+    if len(sys.argv) == 3 and sys.argv[1] in ("--calib-text", "--eval-text"):
         out = Path(sys.argv[2])
         import random
 
-        rng = random.Random(0)
+        rng = random.Random(0 if sys.argv[1] == "--calib-text" else 1)
         words = "the of and to in a is that was he for it with as his on be at by had not are but from".split()
         out.write_text("\n".join(" ".join(rng.choice(words) for _ in range(60)) for _ in range(4000)))
         print(out)
