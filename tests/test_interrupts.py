@@ -160,3 +160,36 @@ def test_pipeline_sigint(big_model, tmp_path):
     assert s["interrupted"] is True and s["exit_code"] == 130
     # interrupted steps never record success: the next run converts
     assert not (out.parent / "convert.gguf.dsa-step.json").exists()
+
+
+@pytest.fixture(scope="module")
+def big_gguf(big_model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bigq") / "big-f16.gguf"
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "convert", str(big_model), str(out), "--outtype", "f16"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def start_quantize(src: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dsa_convert.cli", "quantize", str(src), str(out), "--method", "rtn",
+                             "--type", "q4_0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_quantize_sigint_and_sigkill(big_gguf, tmp_path):
+    out = tmp_path / "q.gguf"
+    proc = start_quantize(big_gguf, out)
+    wait_for_partial(out, proc, min_bytes=1 << 20)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert not out.exists() and not list(tmp_path.glob(".q.gguf.partial-*"))
+    proc = start_quantize(big_gguf, out)
+    part = wait_for_partial(out, proc, min_bytes=1 << 20)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert not out.exists() and part.exists()
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "quantize", str(big_gguf), str(out), "--method", "rtn",
+                        "--type", "q4_0"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:4] == b"GGUF" and not part.exists()
