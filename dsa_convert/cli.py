@@ -316,6 +316,9 @@ def main() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, _on_sigterm)   # batch schedulers stop jobs with SIGTERM: clean up like Ctrl-C
+    # a job started in the background by a non-interactive shell inherits SIGINT as *ignored*;
+    # an explicit SIGINT must still interrupt (and clean up) a conversion
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     app()
 
 
