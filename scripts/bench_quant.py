@@ -7,9 +7,12 @@ Steps (each skipped when its output already exists in --work, so the script can 
   1. F16 GGUF with `dsa convert`
   2. llama.cpp baselines: llama-quantize Q4_0, Q4_K_M; llama-imatrix on the calibration text
      (-c 512 --chunks 128; the first 128×512 tokens, of which `dsa quantize --samples 32` uses the first 32) + Q4_K_M
-  3. dsa quantize: RTN Q4_0, AWQ Q4_0 (clip groups of 128 and of 32), AWQ Q4_K_M with that imatrix rescaled
-     by the AWQ scales (with and without clipping); wall time and peak RSS of each
-  4. llama-perplexity -c 512 -b 512 --chunks 60 -fa off -t 2 --no-repack on WikiText-2 test for each
+  3. dsa quantize: RTN Q4_0, AWQ Q4_0 (clip groups of 128 and of 32; and with --imatrix auto, i.e. ggml's
+     imatrix-weighted Q4_0), RTN Q4_K_M + imatrix (must equal llama.cpp's file), AWQ Q4_K_M with that imatrix
+     rescaled by the AWQ scales (search through ggml's real Q4_K/Q6_K quantizer; with and without clipping);
+     wall time and peak RSS of each
+  4. llama-perplexity -c 512 -b 512 --chunks 60 -fa off -t 2 --no-repack on WikiText-2 test for each, and
+     KL divergence to F16 (--kl-divergence, first --kl-chunks chunks)
      (--no-repack: the vendored CPU build's repacked Q4 kernels crash on this host, see docs/results/quant.md)
   5. calibration cost vs depth: the 6-layer model and a 12-layer deepening (blocks duplicated)
 Writes WORK/results.json and prints a markdown table.
@@ -126,6 +129,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=32, help="AWQ calibration sequences of 512 tokens")
     ap.add_argument("--imatrix-chunks", type=int, default=128, help="llama-imatrix chunks of 512 tokens")
     ap.add_argument("--depth-samples", type=int, default=8)
+    ap.add_argument("--kl-chunks", type=int, default=20, help="chunks for the KL divergence to F16 (0: skip)")
     ap.add_argument("--skip-depth", action="store_true")
     a = ap.parse_args()
     W = a.work
@@ -154,11 +158,17 @@ def main() -> None:
         ("rtn-q4_0", "dsa RTN Q4_0", lambda o: dsa_quantize(f16, o, W / "rtn-q4_0.qlog", ["--method", "rtn", "--type", "q4_0"])),
         ("awq-test", "dsa AWQ Q4_0 (g128 clip, 16×512 calib)", lambda o: dsa_quantize(f16, o, W / "awq-test.qlog", [
             "--type", "q4_0", "--calib", str(CALIB), "--samples", "16", "--seq-len", "512"])),
-        ("awq-q4_0", "dsa AWQ Q4_0 (g32 clip)", lambda o: dsa_quantize(f16, o, W / "awq-q4_0.qlog", [
+        ("awq-imat-q4_0", "dsa AWQ Q4_0 (g32 clip) + imatrix auto (ggml weighted Q4_0)",
+         lambda o: dsa_quantize(f16, o, W / "awq-imat-q4_0.qlog", [
+             "--type", "q4_0", "--calib", str(CALIB), "--samples", str(a.samples), "--seq-len", "512",
+             "--group-size", "32", "--imatrix", "auto"])),
+        ("rtn-q4_k_m-limat", "dsa RTN Q4_K_M + imatrix", lambda o: dsa_quantize(
+            f16, o, W / "rtn-q4_k_m-limat.qlog", ["--method", "rtn", "--type", "q4_k_m", "--imatrix", str(imatrix)])),
+        ("awq-q4_0", "dsa AWQ Q4_0 (g32 + q/k clip, 40-step grid)", lambda o: dsa_quantize(f16, o, W / "awq-q4_0.qlog", [
             "--type", "q4_0", "--calib", str(CALIB), "--samples", str(a.samples), "--seq-len", "512",
             "--group-size", "32"])),
-        ("awq-q4_k_m-limat", "dsa AWQ Q4_K_M + imatrix (rescaled)", lambda o: dsa_quantize(
-            f16, o, W / "awq-q4_k_m-limat.qlog", [
+        ("awq-real-q4_k_m-limat", "dsa AWQ Q4_K_M + imatrix (rescaled; ggml Q4_K/Q6_K in the search)",
+         lambda o: dsa_quantize(f16, o, W / "awq-real-q4_k_m-limat.qlog", [
                 "--type", "q4_k_m", "--calib", str(CALIB), "--samples", str(a.samples), "--seq-len", "512",
                 "--group-size", "32", "--imatrix", str(imatrix)])),
         ("awq-noclip-q4_k_m-limat", "dsa AWQ (no clip) Q4_K_M + imatrix (rescaled)", lambda o: dsa_quantize(
@@ -180,6 +190,19 @@ def main() -> None:
         base = p if key == "f16" else base
         table.append({"key": key, "label": label, "ppl": p, "dppl": p - base, "dppl_pct": 100 * (p - base) / base,
                       "bytes": path.stat().st_size, "bpw": round(bpw(path), 3)})
+    if a.kl_chunks:
+        exe, env = tool("llama-perplexity")
+        base_kl = W / "kl-base.bin"
+        common = [exe, "-f", str(WIKI), "-c", "512", "-b", "512", "--chunks", str(a.kl_chunks), "-fa", "off",
+                  "-t", "2", "--no-repack", "--kl-divergence-base", str(base_kl)]
+        if not base_kl.exists():
+            sh([*common[:1], "-m", str(f16), *common[1:]], W / "kl-base.log", env)
+        for r in table[1:]:
+            log = W / f"kl-{r['key']}.log"
+            if not (log.exists() and "Mean    KLD" in log.read_text(errors="replace")):
+                sh([*common[:1], "-m", str(W / f"{r['key']}.gguf"), *common[1:], "--kl-divergence"], log, env)
+            m = re.search(r"Mean +KLD: +([0-9.]+) ± ([0-9.]+)", log.read_text(errors="replace"))
+            r["kld"] = float(m.group(1)) if m else None
     R["table"] = table
     save()
     if not a.skip_depth:
@@ -192,9 +215,10 @@ def main() -> None:
                     "--type", "q4_0", "--calib", str(CALIB), "--samples", str(a.depth_samples), "--seq-len", "512",
                     "--group-size", "32"])
                 save()
-    print("| model | PPL | ΔPPL vs F16 | file | bits/weight |\n|---|---:|---:|---:|---:|")
+    print("| model | PPL | ΔPPL vs F16 | KLD | file | bits/weight |\n|---|---:|---:|---:|---:|---:|")
     for r in table:
-        print(f"| {r['label']} | {r['ppl']:.2f} | {r['dppl']:+.2f} ({r['dppl_pct']:+.2f}%) | "
+        kld = f"{r['kld']:.5f}" if r.get("kld") is not None else "–"
+        print(f"| {r['label']} | {r['ppl']:.2f} | {r['dppl']:+.2f} ({r['dppl_pct']:+.2f}%) | {kld} | "
               f"{r['bytes'] / 2**20:.1f} MiB | {r['bpw']:.2f} |")
     for k, d in R.get("depth", {}).items():
         print(f"depth {k}: wall {d['wall_s']} s, calib {d.get('calib_seconds')} s, peak RSS {d['peak_rss_mib']} MiB")

@@ -118,6 +118,43 @@ def test_fake_quant_matches_ggml(qt):
     assert np.abs(got - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max())
 
 
+def _ggml_available():
+    from dsa_convert.quant import ggml_q
+    return ggml_q.available()
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_0, QT.Q4_K, QT.Q6_K])
+def test_ggml_fake_quant_matches_gguf(qt):
+    """ggml's quantizer via ctypes: bytes dequantized by gguf-py = our to_float; Q4_0 without imatrix =
+    the torch reference; an imatrix lowers the weighted error."""
+    if not _ggml_available():
+        pytest.skip("libggml-base.so not available")
+    from dsa_convert.quant import ggml_q
+    from dsa_convert.quant.qformat import fq_q4_0
+
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((16, 512)) * rng.uniform(0.01, 3, (16, 1))).astype(np.float32)
+    q = ggml_q.quantize(w, int(qt))
+    ref = gguf.quants.dequantize(q, qt)
+    assert np.array_equal(ggml_q.dequantize(q, int(qt), w.shape), ref)
+    if qt == QT.Q4_0:
+        assert np.array_equal(ggml_q.fake_quant(torch.from_numpy(w), int(qt)).numpy(),
+                              fq_q4_0(torch.from_numpy(w)).numpy())
+    imp = rng.uniform(0.01, 10, 512).astype(np.float32)
+    e_w = (((ggml_q.fake_quant(torch.from_numpy(w), int(qt), imp).numpy() - w) ** 2) * imp).mean()
+    e_0 = (((ref - w) ** 2) * imp).mean()
+    assert e_w < e_0
+
+
+def test_q4_k_m_mixture_rule():
+    from dsa_convert.quant.qformat import FORMATS, k_quant_type
+
+    f = FORMATS["q4_k_m"]
+    six = [il for il in range(6) if k_quant_type(f, "ffn_down", il, 6) == QT.Q6_K]
+    assert six == [2, 5]                                  # = llama-quantize Q4_K_M on ref-llama-27m
+    assert k_quant_type(f, "attn_v", 2, 6) == QT.Q6_K and k_quant_type(f, "attn_q", 2, 6) == QT.Q4_K
+
+
 # ---------------------------------------------------------------- bad input
 def test_not_a_gguf(tmp_path):
     bad = tmp_path / "x.gguf"
@@ -222,6 +259,26 @@ def test_awq_beats_rtn_and_keeps_dsa(tiny_dsa, calib_file, tmp_path):
             assert g.tensors[name].qtype == g_src.tensors[name].qtype
             assert np.array_equal(np.asarray(g.raw(name)), np.asarray(g_src.raw(name))), name
         assert g.tensors["token_embd.weight"].qtype == QT.F16     # embeddings untouched
+
+
+@needs_backend
+def test_q4_0_imatrix_auto(tiny_gguf, calib_file, tmp_path):
+    """--imatrix auto for Q4_0: ggml's imatrix-weighted Q4_0 (search and writer); valid Q4_0 blocks."""
+    if not _ggml_available():
+        pytest.skip("libggml-base.so not available")
+    from dsa_convert.formats.gguf_read import GgufFile
+
+    out = tmp_path / "q.gguf"
+    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_0", "--group-size", "32", "--calib",
+                str(calib_file), "--samples", "4", "--seq-len", "64", "--imatrix", "auto", "--json")
+    assert r.returncode == 0, r.stderr
+    g = GgufFile(out)
+    assert g.get("dsa.quant.imatrix") == "auto"
+    assert g.tensors["blk.0.ffn_up.weight"].qtype == QT.Q4_0
+    assert np.isfinite(g.tensor("blk.0.ffn_up.weight")).all()
+    r = run_dsa("quantize", str(tiny_gguf), str(tmp_path / "r.gguf"), "--method", "rtn", "--type", "q4_0",
+                "--imatrix", "auto")
+    assert r.returncode != 0
 
 
 @needs_backend

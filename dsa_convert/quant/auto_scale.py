@@ -66,19 +66,23 @@ def weight_mean(ws: list[torch.Tensor], qgroup: int) -> torch.Tensor:
 
 def search(x_mean: torch.Tensor, ws: list[torch.Tensor], fq: Callable, loss_fn: Callable,
            qgroup: int, n_grid: int = 20, idx: torch.Tensor | None = None,
-           n_scale: int | None = None) -> tuple[torch.Tensor, dict]:
-    """Grid search of α. Returns (s in scale space, report)."""
+           n_scale: int | None = None, names: tuple[str, ...] | None = None,
+           x_sq: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Grid search of α. Returns (s in scale space, report). fq(w, name, imp): imp is the mean x²
+    of the (scaled) input columns, i.e. the imatrix llama.cpp's quantizer would get."""
+    names = names or (None,) * len(ws)
     n = n_scale or x_mean.shape[0]
     xm = _reduce(x_mean, idx, n)
     wm = _reduce(weight_mean(ws, qgroup), idx, n)
-    base = loss_fn([fq(w) for w in ws])
+    base = loss_fn([fq(w, n, x_sq) for w, n in zip(ws, names)])
     best, best_s, best_a, hist = base, torch.ones(n, device=xm.device), None, []
     for i in range(n_grid):
         a = i / n_grid
         s = (xm.pow(a) / (wm.pow(1 - a) + 1e-4)).clamp(min=1e-4)
         s = s / math.sqrt(float(s.max() * s.min()))
         se = s if idx is None else s[idx]
-        loss = loss_fn([fq(w * se) / se for w in ws])
+        imp = None if x_sq is None else x_sq / se.pow(2)
+        loss = loss_fn([fq(w * se, n, imp) / se for w, n in zip(ws, names)])
         hist.append(loss)
         if loss < best:
             best, best_s, best_a = loss, s, a
@@ -105,6 +109,7 @@ def auto_scale_block(blk: Block, caps: dict[str, torch.Tensor], fq: Callable, qg
     for grp in GROUPS:
         x_all = flat(grp.inp)
         x_mean = x_all.abs().mean(0)
+        x_sq = x_all.pow(2).mean(0)
         ws = [blk.w[n] for n in grp.linears]
         idx, n_scale = None, None
         if grp.name == "qkv":
@@ -133,7 +138,7 @@ def auto_scale_block(blk: Block, caps: dict[str, torch.Tensor], fq: Callable, qg
             def loss_fn(q, x=x, ref=ref):
                 return _mse(blk.lin(x, "ffn_down", q[0]), ref)
 
-        s, rep = search(x_mean, ws, fq, loss_fn, qgroup, n_grid, idx, n_scale)
+        s, rep = search(x_mean, ws, fq, loss_fn, qgroup, n_grid, idx, n_scale, grp.linears, x_sq)
         apply_scale(blk, grp, s, caps, idx)
         report[grp.name] = rep
         blk.scales[grp.name] = s

@@ -2,8 +2,10 @@
 
 Q4_0 / Q4_1 reproduce ggml's reference block-32 math bit for bit (fp16 block scales included; the
 output file is written by gguf-py's quantizer, which is the same math). K-quants are written by
-llama.cpp's own quantizer; for the calibration search they are approximated by an asymmetric 4-bit
-group fake quant (min ≤ 0 like Q4_K's sub-blocks) of `group_size` weights.
+llama.cpp's own quantizer; the calibration search fake-quantizes them with ggml's real quantizer
+(ggml_q: Q4_K, or Q6_K where llama-quantize's Q4_K_M mixture puts it, imatrix-weighted like
+llama-quantize --imatrix), or — without the backend's libggml-base.so — with an asymmetric 4-bit
+group fake quant (min ≤ 0 like Q4_K's sub-blocks) of `group_size` weights as a stand-in.
 """
 from __future__ import annotations
 
@@ -75,9 +77,41 @@ def fq_group_asym(w: torch.Tensor, group: int, bits: int = 4) -> torch.Tensor:
     return (q * scale + mn).reshape(shape).to(w.dtype)
 
 
-def fake_quant_fn(fmt: TargetFormat, group_size: int):
-    if fmt.name == "q4_0":
-        return fq_q4_0
-    if fmt.name == "q4_1":
-        return fq_q4_1
-    return lambda w: fq_group_asym(w, group_size)
+def use_more_bits(il: int, n_layer: int) -> bool:
+    """llama-quantize's rule (llama-quant.cpp) for the layers that get more bits."""
+    return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
+
+
+def k_quant_type(fmt: TargetFormat, name: str, il: int, n_layer: int) -> QT:
+    """Type llama-quantize gives linear `name` of block il (Q4_K_M mixture for llama-family archs:
+    attn_v and ffn_down get Q6_K where use_more_bits, everything else Q4_K)."""
+    if fmt.name == "q4_k_m" and name in ("attn_v", "ffn_down") and use_more_bits(il, n_layer):
+        return QT.Q6_K
+    return QT.Q4_K
+
+
+def fake_quant_fn(fmt: TargetFormat, group_size: int, il: int = 0, n_layer: int = 1,
+                  weighted: bool = False, real: bool | None = None):
+    """fq(w, name=None, imp=None) → fake-quantized w for linear `name` of block il; `imp` is the
+    mean x² of the linear's input columns (the imatrix), used only when `weighted`.
+
+    q4_0/q4_1: torch reference math (= gguf-py's writer), or with `weighted` ggml's imatrix-weighted
+    quantizer (what is then written). K-quants: ggml's real Q4_K/Q6_K quantizer (via ctypes, the
+    llama-quantize mixture, imatrix-weighted if `weighted`) when `real` (default: if the backend's
+    libggml-base.so is available), else a group-`group_size` asymmetric 4-bit stand-in."""
+    from . import ggml_q
+
+    if not fmt.via_llama_cpp:
+        if not weighted:
+            f = fq_q4_0 if fmt.name == "q4_0" else fq_q4_1
+            return lambda w, name=None, imp=None: f(w)
+        return lambda w, name=None, imp=None: ggml_q.fake_quant(w, int(fmt.qtype), imp)
+    if real is None:
+        real = ggml_q.available()
+    if not real:
+        return lambda w, name=None, imp=None: fq_group_asym(w, group_size)
+
+    def fq(w, name=None, imp=None):
+        qt = k_quant_type(fmt, name or "", il, n_layer)
+        return ggml_q.fake_quant(w, int(qt), imp if weighted else None)
+    return fq

@@ -58,9 +58,14 @@ class QuantOptions:
     force: bool = False
     quiet: bool = False
     search_tokens: int = 8192         # tokens used by each α-grid loss (sequences for q/k/v)
-    clip_tokens: int = 512            # tokens used by the clipping search (llm-awq: 512)
+    clip_tokens: int = 512            # tokens used by the clipping search (llm-awq: 512; 2048 measured worse)
     n_grid: int = 20
     clip: bool = True
+    # clipping thresholds max|w|·(1 - i/clip_grid) down to 50 %, and whether attn_q/attn_k are clipped too
+    # (on their own outputs). None: as measured best per type (docs/results/quant.md): Q4_0/Q4_1 40 steps
+    # with q/k; K-quants 20 steps without q/k (the settings of the measured Q4_K_M rows).
+    clip_grid: int | None = None
+    clip_qk: bool | None = None
     seed: int = 0
     threads: int | None = None        # llama-quantize threads
 
@@ -77,6 +82,12 @@ def _device(name: str) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise BadInputError(f"unknown --device {name!r} (choose from auto, cpu, cuda)")
     return torch.device(name)
+
+
+def clip_settings(opts: QuantOptions, fmt: TargetFormat) -> tuple[int, bool]:
+    k = fmt.via_llama_cpp
+    return (opts.clip_grid if opts.clip_grid is not None else (20 if k else 40),
+            opts.clip_qk if opts.clip_qk is not None else (not k))
 
 
 def _linear_names(g: GgufFile, n_layer: int) -> list[str]:
@@ -116,11 +127,12 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
             raise BadInputError("--calib FILE is required for --method awq (and --imatrix auto)")
     if opts.imatrix not in (None, "none", "auto"):
         if not fmt.via_llama_cpp:
-            raise BadInputError(f"--imatrix applies to K-quants (llama.cpp's quantizer), not {opts.qtype}")
+            raise BadInputError(f"--imatrix FILE applies to K-quants (llama.cpp's quantizer); for {opts.qtype} "
+                                "use --imatrix auto")
         if not Path(opts.imatrix).is_file():
             raise BadInputError(f"imatrix file not found: {opts.imatrix}")
-    elif opts.imatrix == "auto" and not fmt.via_llama_cpp:
-        raise BadInputError(f"--imatrix applies to K-quants (llama.cpp's quantizer), not {opts.qtype}")
+    if opts.imatrix == "auto" and opts.method != "awq" and not fmt.via_llama_cpp:
+        raise BadInputError(f"--imatrix auto for {opts.qtype} needs --method awq")
     return fmt, g
 
 
@@ -132,13 +144,17 @@ class Calibrator:
     def __init__(self, m: RefModel, g: GgufFile, tokens: torch.Tensor | None, opts: QuantOptions,
                  fmt: TargetFormat, device: torch.device, want_imatrix: bool, bar=None):
         self.m, self.g, self.opts, self.fmt, self.device = m, g, opts, fmt, device
-        self.fq = fake_quant_fn(fmt, opts.group_size)
+        # imatrix-weighted quantization downstream (llama-quantize --imatrix, or ggml's weighted Q4_0/Q4_1
+        # writer for --imatrix auto): the search's fake quant gets the mean x² of each linear's input
+        self.weighted = opts.imatrix not in (None, "none")
+        self.fq = fake_quant_fn(fmt, opts.group_size, 0, m.hp.n_layer, self.weighted)
         self.qgroup = 32 if not fmt.via_llama_cpp else opts.group_size
         self.want_imatrix = want_imatrix
         self.awq = opts.method == "awq"
         self.next, self.cur_il, self.cur = 0, -1, {}
         self.report: list[dict] = []
         self.imatrix: dict[str, np.ndarray] = {}       # weight name -> Σ x² over tokens (scaled inputs)
+        self.tok_per_block = 0
         self.col_scales: dict[str, np.ndarray] = {}    # weight name -> input-column scale (AWQ)
         self.n_tokens = 0 if tokens is None else tokens.numel()
         self.gen = torch.Generator().manual_seed(opts.seed)
@@ -169,6 +185,7 @@ class Calibrator:
         L = self.opts.seq_len
         blk = Block(self.m.hp, il, self.g.tensor, self.g.has, self.device, L)
         rep: dict = {"layer": il}
+        self.fq = fake_quant_fn(self.fmt, self.opts.group_size, il, self.m.hp.n_layer, self.weighted)
         if self.h is not None:
             h_next, caps = blk.forward_capture(self.h)
             if self.awq:
@@ -177,9 +194,11 @@ class Calibrator:
                                                 self.opts.n_grid, self.gen)
                 if self.opts.clip:
                     rep["clip_shrink"] = auto_clip_block(blk, caps, self.fq, self.opts.group_size,
-                                                         self.opts.clip_tokens, self.gen)
+                                                         self.opts.clip_tokens, self.gen,
+                                                         *clip_settings(self.opts, self.fmt))
                 rep["awq_mse"] = self._block_mse(blk, caps)
-            if self.want_imatrix:
+            if self.want_imatrix or self.weighted:
+                self.tok_per_block = caps["attn_in"].shape[0] * caps["attn_in"].shape[1]
                 for key, names in (("attn_in", ("attn_q", "attn_k", "attn_v")), ("attn_out", ("attn_output",)),
                                    ("ffn_in", ("ffn_gate", "ffn_up")), ("ffn_mid", ("ffn_down",))):
                     x = caps[key]
@@ -213,7 +232,10 @@ class Calibrator:
         """MSE of the block's residual update with all 7 linears fake-quantized (first sequences)."""
         n_seq = max(1, min(caps["attn_in"].shape[0], math.ceil(self.opts.search_tokens / self.opts.seq_len)))
         x = caps["attn_in"][:n_seq]
-        q = {n: self.fq(blk.w[n]) for n in LINEARS}
+        inp = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_out",
+               "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_mid"}
+        imp = {k: caps[k].reshape(-1, caps[k].shape[-1]).pow(2).mean(0) for k in set(inp.values())}
+        q = {n: self.fq(blk.w[n], n, imp[inp[n]]) for n in LINEARS}
         o_ref = blk.attn_core(x)
         o_q = blk.attn_core(x, q["attn_q"], q["attn_k"], q["attn_v"])
         a_ref, a_q = blk.lin(o_ref, "attn_output"), blk.lin(o_q, "attn_output", q["attn_output"])
@@ -237,7 +259,8 @@ def _order_key(name: str) -> tuple:
     return (1, int(m.group(1)), name) if m else (0, 0, name)
 
 
-def _plan(g: GgufFile, cal: Calibrator, lin_qtype: Callable[[str, tuple], QT]) -> list[_Out]:
+def _plan(g: GgufFile, cal: Calibrator, lin_qtype: Callable[[str, tuple], QT],
+          lin_encode: Callable[[str, np.ndarray, QT], np.ndarray] | None = None) -> list[_Out]:
     lin = set(_linear_names(g, g.layer_count()))
     out: list[_Out] = []
     for name in sorted(g.tensors, key=_order_key):
@@ -250,7 +273,10 @@ def _plan(g: GgufFile, cal: Calibrator, lin_qtype: Callable[[str, tuple], QT]) -
             qt = lin_qtype(name, info.shape) if name in lin else (QT.F32 if info.qtype == QT.F32 or len(info.shape) == 1 else QT.F16)
 
             def load(il=il, name=name, qt=qt):
-                return encode(cal.layer(il)[name].astype(np.float32), qt)
+                a = cal.layer(il)[name].astype(np.float32)
+                if lin_encode is not None and name in lin:
+                    return lin_encode(name, a, qt)
+                return encode(a, qt)
             out.append(_Out(name, info.shape, qt, load))
         else:   # byte-for-byte copy
             out.append(_Out(name, info.shape, info.qtype, (lambda name=name: np.asarray(g.raw(name)))))
@@ -377,7 +403,7 @@ def quantize(opts: QuantOptions) -> dict:
     t0 = time.perf_counter()
     fmt, g = validate(opts)
     device = _device(opts.device)
-    want_imatrix = fmt.via_llama_cpp and opts.imatrix == "auto"
+    want_imatrix = opts.imatrix == "auto"
     need_calib = opts.method == "awq" or want_imatrix
     tokens = load_samples(Path(opts.inp), g, Path(opts.calib), opts.samples, opts.seq_len) if need_calib else None
     m = RefModel.from_gguf(Path(opts.inp), device="cpu")
@@ -391,7 +417,7 @@ def quantize(opts: QuantOptions) -> dict:
         kv["dsa.quant.calib"] = (Path(opts.calib).name, gguf.GGUFValueType.STRING)
         kv["dsa.quant.samples"] = (opts.samples, gguf.GGUFValueType.UINT32)
         kv["dsa.quant.seq_len"] = (opts.seq_len, gguf.GGUFValueType.UINT32)
-    if fmt.via_llama_cpp:
+    if fmt.via_llama_cpp or want_imatrix:
         kv["dsa.quant.imatrix"] = ("none" if opts.imatrix in (None, "none") else
                                    "auto" if opts.imatrix == "auto" else Path(opts.imatrix).name,
                                    gguf.GGUFValueType.STRING)
@@ -424,7 +450,15 @@ def quantize(opts: QuantOptions) -> dict:
         else:
             def lin_qtype(name, shape):
                 return fmt.qtype if shape[-1] % fmt.block == 0 else QT.F16
-            _write(tmp, g, _plan(g, cal, lin_qtype), kv, _FILE_TYPES[opts.qtype])
+            lin_encode = None
+            if want_imatrix:     # ggml's imatrix-weighted Q4_0/Q4_1 (as llama-quantize --imatrix would do)
+                from . import ggml_q
+
+                def lin_encode(name, a, qt):
+                    if qt not in (QT.Q4_0, QT.Q4_1):
+                        return encode(a, qt)
+                    return ggml_q.quantize(a, int(qt), cal.imatrix[name] / max(1, cal.tok_per_block))
+            _write(tmp, g, _plan(g, cal, lin_qtype, lin_encode), kv, _FILE_TYPES[opts.qtype])
         if need_calib and cal.cur_il < n_layer - 1:
             raise RuntimeError("not every block was calibrated")
     out_g = GgufFile(Path(opts.out))
