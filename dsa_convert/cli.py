@@ -216,7 +216,8 @@ def quantize(
     out: Path = typer.Argument(..., help="output .gguf"),
     method: str = typer.Option("awq", help="awq | rtn (round-to-nearest, no calibration)"),
     qtype: str = typer.Option("q4_0", "--type", help="q4_0 | q4_1 | q4_k_m (K-quants via llama.cpp's quantizer)"),
-    group_size: int = typer.Option(128, help="clipping groups / K-quant fake-quant groups (multiple of 32)"),
+    group_size: Optional[int] = typer.Option(None, help="clipping groups (multiple of 32); default 32 for q4_0/q4_1 "
+                                                        "(one ggml block, measured best), 128 for q4_k_m"),
     calib: Optional[Path] = typer.Option(None, help="calibration text (required for awq)"),
     samples: int = typer.Option(128, help="calibration sequences"),
     seq_len: int = typer.Option(512, help="tokens per calibration sequence"),
@@ -233,6 +234,8 @@ def quantize(
     """4-bit quantization with AWQ calibration (or RTN): Q4_0/Q4_1 written here, Q4_K_M by llama.cpp."""
     from .quant.quantize import QuantOptions, quantize as run
 
+    if group_size is None:
+        group_size = 32 if qtype.lower() in ("q4_0", "q4_1") else 128
     res = run(QuantOptions(inp, out, method=method, qtype=qtype.lower(), group_size=group_size, calib=calib,
                            samples=samples, seq_len=seq_len, device=device, imatrix=imatrix, force=force,
                            quiet=as_json, clip=not no_clip, threads=threads, seed=seed))
