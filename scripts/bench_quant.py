@@ -13,7 +13,7 @@ Steps (each skipped when its output already exists in --work, so the script can 
      wall time and peak RSS of each
   4. llama-perplexity -c 512 -b 512 --chunks 60 -fa off -t 2 --no-repack on WikiText-2 test for each, and
      KL divergence to F16 (--kl-divergence, first --kl-chunks chunks)
-     (--no-repack: the vendored CPU build's repacked Q4 kernels crash on this host, see docs/results/quant.md)
+     (--no-repack: the vendored CPU build's repacked Q4 kernels crash on this host, see docs/RESULTS.md section 4; fixed since by building without AMX)
   5. calibration cost vs depth: the 6-layer model and a 12-layer deepening (blocks duplicated)
 Writes WORK/results.json and prints a markdown table.
 """

@@ -62,7 +62,7 @@ class QuantOptions:
     n_grid: int = 20
     clip: bool = True
     # clipping thresholds max|w|·(1 - i/clip_grid) down to 50 %, and whether attn_q/attn_k are clipped too
-    # (on their own outputs). None: as measured best per type (docs/results/quant.md): Q4_0/Q4_1 40 steps
+    # (on their own outputs). None: as measured best per type (docs/RESULTS.md, section 4): Q4_0/Q4_1 40 steps
     # with q/k; K-quants 20 steps without q/k (the settings of the measured Q4_K_M rows).
     clip_grid: int | None = None
     clip_qk: bool | None = None
