@@ -254,13 +254,16 @@ def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CU
                   cuda_arch: str = typer.Option("90", help="CMAKE_CUDA_ARCHITECTURES"),
                   sdist: Optional[Path] = typer.Option(None, help="llama-cpp-python sdist (else cache or PyPI)"),
                   amx: bool = typer.Option(False, "--amx", help="keep ggml's AMX CPU weight buffers (off: they crash on some VMs)"),
-                  cmake_arg: list[str] = typer.Option([], "--cmake-arg", help="extra CMake argument (repeatable)")):
+                  cmake_arg: list[str] = typer.Option([], "--cmake-arg", help="extra CMake argument (repeatable)"),
+                  no_build_isolation: bool = typer.Option(False, "--no-build-isolation",
+                                                          help="offline: use the installed scikit-build-core")):
     """Build llama-cpp-python from its sdist with patches/llama.cpp/*.patch (cached by patch hash)."""
     from .backend.build import BuildConfig, BuildError, build
 
     try:
-        out = build(BuildConfig(cuda=cuda, cuda_arch=cuda_arch, sdist=sdist, amx=amx, extra_cmake_args=list(cmake_arg)),
-                    say=lambda m: print(m, file=sys.stderr))
+        cfg = BuildConfig(cuda=cuda, cuda_arch=cuda_arch, sdist=sdist, amx=amx, extra_cmake_args=list(cmake_arg),
+                          build_isolation=not no_build_isolation)
+        out = build(cfg, say=lambda m: print(m, file=sys.stderr))
     except BuildError as e:
         raise DsaError(str(e)) from None
     print(out)

@@ -47,6 +47,7 @@ class BuildConfig:
     # segfault on this project's x86 VMs, in the stock tree too (llama-perplexity on a Q4_0 file:
     # SIGSEGV; with --no-repack: fine). Off unless asked for; AVX-512/AVX2 paths stay native.
     amx: bool = False
+    build_isolation: bool = True   # False on offline machines that already have scikit-build-core
 
     def cmake_args(self) -> list[str]:
         args = [
@@ -164,6 +165,7 @@ def _ensure_runtime_deps() -> None:
 
 
 def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None:
+    cache_root().mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"dsa-backend-{key}-", dir=cache_root()))
     log_path = cache_root() / "backend" / f"{key}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +182,8 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
         bdir = work / "build"
         staging = work / "stage"
         (staging / "wheel").mkdir(parents=True)
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(staging / "wheel"),
+        iso = [] if cfg.build_isolation else ["--no-build-isolation"]
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *iso, "-w", str(staging / "wheel"),
               "-C", f"build-dir={bdir}", str(src)], log, env=env)
         _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *TOOLS], log, env=env)
         bin_dir = staging / "bin"

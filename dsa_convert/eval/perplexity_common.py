@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import BadInputError
+
+# No torch at module level: the llama.cpp backend uses this module, and on CUDA machines a CUDA
+# build of torch and llama.cpp's CUDA backend in one process crash (seen on the H200 image).
 
 
 def vocab_adds_bos(model_dir: Path) -> tuple[bool, int | None]:
@@ -79,20 +81,24 @@ def plan_chunks(n_tokens: int, n_ctx: int, max_chunks: int | None, add_bos: bool
     return ChunkPlan(n_ctx, n_chunk, n_ctx // 2, add_bos, bos_id)
 
 
-def chunk_tokens(tokens: list[int] | torch.Tensor, plan: ChunkPlan, i: int) -> torch.Tensor:
+def chunk_tokens(tokens, plan: ChunkPlan, i: int) -> np.ndarray:
     """LongTensor [n_ctx] of chunk i, first token replaced by BOS when the vocab adds BOS."""
-    t = torch.as_tensor(tokens[i * plan.n_ctx:(i + 1) * plan.n_ctx], dtype=torch.long).clone()
+    t = np.array(tokens[i * plan.n_ctx:(i + 1) * plan.n_ctx], dtype=np.int64)
     if plan.add_bos and plan.bos_id is not None:
         t[0] = plan.bos_id
     return t
 
 
-def chunk_nll(logits: torch.Tensor | np.ndarray, chunk: torch.Tensor, plan: ChunkPlan) -> np.ndarray:
+def chunk_nll(logits, chunk, plan: ChunkPlan) -> np.ndarray:
     """Per-token NLL (float64) of the scored half: logits [n_ctx, vocab] of that chunk."""
-    lg = torch.as_tensor(logits)[plan.first: plan.n_ctx - 1].double()
-    tgt = torch.as_tensor(chunk)[plan.first + 1: plan.n_ctx].long().to(lg.device)
-    lp = torch.log_softmax(lg, dim=-1).gather(1, tgt[:, None])[:, 0]
-    return (-lp).cpu().numpy()
+    lg = logits[plan.first: plan.n_ctx - 1]
+    if not isinstance(lg, np.ndarray):          # a torch tensor (torch backend): to host, then numpy
+        lg = lg.detach().double().cpu().numpy()
+    lg = np.asarray(lg, dtype=np.float64)
+    tgt = np.asarray(chunk)[plan.first + 1: plan.n_ctx].astype(np.int64)
+    m = lg.max(axis=-1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(lg - m).sum(axis=-1))
+    return lse - lg[np.arange(lg.shape[0]), tgt]
 
 
 @dataclass
