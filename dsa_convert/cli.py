@@ -160,7 +160,9 @@ def eval_cmd(
             raise BadInputError(f"--attn {attn} is a torch-backend baseline; llama.cpp runs dense or sparse")
         from .backend.runtime import import_llama_cpp
         from .eval.perplexity_llamacpp import LlamaPplOptions, run
+        from .formats.gguf_read import GgufFile
 
+        GgufFile(file).close()      # a bad file is bad input (exit 3) even where the backend is missing
         lc = import_llama_cpp()
         ngl = n_gpu_layers if n_gpu_layers is not None else (999 if lc.llama_supports_gpu_offload() else 0)
         res = run(file, evdata.read_eval_text(text_path),

@@ -274,6 +274,7 @@ def test_example_pipeline_parses():
 
 
 @pytest.mark.slow
+@pytest.mark.backend
 @pytest.mark.skipif(cli_command("quantize") is None or cli_command("eval") is None,
                     reason="`dsa quantize` / `dsa eval` not in this installation yet")
 def test_real_quantize_eval(tmp_path):

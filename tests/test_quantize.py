@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import CALIB, have_backend, make_tiny_model, wiki_passage
+from conftest import CALIB, make_tiny_model, requires_backend, wiki_passage
 
 EXIT_BAD_INPUT = 3
 QT = gguf.GGMLQuantizationType
-needs_backend = pytest.mark.skipif(not have_backend(), reason="llama-cpp-python not installed (tokenization)")
+needs_backend = requires_backend   # marked `backend`: runs after the backend build in scripts/test.sh
 
 
 def run_dsa(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
