@@ -72,3 +72,19 @@ def eval_logits(llm, tokens: list[int]) -> np.ndarray:
 
 def tokenize(llm, text: str, add_bos: bool = False) -> list[int]:
     return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+
+
+def vocab_tokens(path: Path, text: str, add_bos: bool | None = None) -> tuple[list[int], bool]:
+    """Tokenise `text` with a GGUF's own vocab (llama.cpp, vocab only). add_bos None: as the vocab says.
+    Returns (tokens, add_bos used)."""
+    lc = import_llama_cpp()
+    try:
+        with _quiet_stderr(True):
+            llm = lc.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except ValueError as e:
+        raise BadInputError(f"{Path(path).name}: llama.cpp cannot read its vocab ({e})") from None
+    try:
+        ab = bool(llm._model.add_bos_token()) if add_bos is None else add_bos
+        return list(llm.tokenize(text.encode("utf-8"), add_bos=ab, special=False)), ab
+    finally:
+        llm.close()

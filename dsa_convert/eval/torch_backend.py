@@ -11,15 +11,9 @@ from .perplexity_torch import load_model, perplexity_torch
 
 
 def _gguf_tokens(path: Path, text: str) -> tuple[list[int], bool]:
-    from ..backend.runtime import import_llama_cpp
+    from ..backend.llama_runner import vocab_tokens
 
-    lc = import_llama_cpp()
-    from ..backend.llama_runner import _quiet_stderr
-
-    with _quiet_stderr(True):
-        llm = lc.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    add_bos = bool(llm._model.add_bos_token())
-    return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False), add_bos
+    return vocab_tokens(path, text)
 
 
 def run_torch_eval(file: Path, text_path: Path, *, ctx: int, chunks: int | None, attn: str, kv: str,

@@ -7,8 +7,6 @@ llama-imatrix do), so `--samples 128 --seq-len 512` sees the same tokens as
 """
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 import torch
@@ -17,31 +15,10 @@ from ..errors import BadInputError
 from ..formats.gguf_read import GgufFile
 
 
-@contextlib.contextmanager
-def _quiet_fd2():
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as dn:
-            os.dup2(dn.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def tokenize_file(gguf_path: Path, text: str) -> list[int]:
-    from ..backend.runtime import import_llama_cpp
+    from ..backend.llama_runner import vocab_tokens
 
-    lc = import_llama_cpp()
-    try:
-        with _quiet_fd2():
-            llm = lc.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
-    except ValueError as e:
-        raise BadInputError(f"{Path(gguf_path).name}: llama.cpp cannot read its vocab ({e})") from None
-    try:
-        return list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
-    finally:
-        llm.close() if hasattr(llm, "close") else None
+    return vocab_tokens(gguf_path, text, add_bos=False)[0]
 
 
 def load_samples(gguf_path: Path, g: GgufFile, calib: Path, samples: int, seq_len: int) -> torch.Tensor:
