@@ -258,7 +258,8 @@ def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CU
                   amx: bool = typer.Option(False, "--amx", help="keep ggml's AMX CPU weight buffers (off: they crash on some VMs)"),
                   cmake_arg: list[str] = typer.Option([], "--cmake-arg", help="extra CMake argument (repeatable)"),
                   no_build_isolation: bool = typer.Option(False, "--no-build-isolation",
-                                                          help="offline: use the installed scikit-build-core")):
+                                                          help="offline: use the installed scikit-build-core"),
+                  as_json: bool = typer.Option(False, "--json", help="print the build's metadata as JSON")):
     """Build llama-cpp-python from its sdist with patches/llama.cpp/*.patch (cached by patch hash)."""
     from .backend.build import BuildConfig, BuildError, build
 
@@ -268,7 +269,10 @@ def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CU
         out = build(cfg, say=lambda m: print(m, file=sys.stderr))
     except BuildError as e:
         raise DsaError(str(e)) from None
-    print(out)
+    if as_json:
+        emit_json({"build_dir": str(out), **json.loads((out / "build.json").read_text())})
+    else:
+        print(out)
 
 
 @backend_app.command("info")
