@@ -18,22 +18,7 @@ from conftest import CALIB, make_tiny_model, requires_backend, wiki_passage
 EXIT_BAD_INPUT = 3
 QT = gguf.GGMLQuantizationType
 needs_backend = requires_backend   # marked `backend`: runs after the backend build in scripts/test.sh
-
-
-def run_dsa(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dsa_convert.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def assert_clean_failure(r: subprocess.CompletedProcess, out: Path, needle: str, code: int = EXIT_BAD_INPUT):
-    lines = r.stderr.strip().splitlines()
-    err = [ln for ln in lines if ln.startswith("error: ")]
-    assert r.returncode == code, (r.returncode, r.stderr)
-    assert len(err) == 1 and lines[-1] == err[0], r.stderr
-    assert needle.lower() in err[0].lower(), err[0]
-    assert "Traceback" not in r.stderr
-    assert not out.exists()
-    assert not list(out.parent.glob(f".{out.name}.partial-*"))
+from test_convert_errors import assert_clean_failure, run_dsa  # noqa: E402  (one copy of the CLI-failure checks)
 
 
 def add_fake_dsa(src: Path, dst: Path, seed: int = 0) -> dict[str, np.ndarray]:
