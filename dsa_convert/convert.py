@@ -59,7 +59,6 @@ def convert(opts: ConvertOptions) -> dict:
             (name, arr, gguf.GGMLQuantizationType.F32 if arr.ndim == 1 or ".dsa." in name else dsa_qt)
             for name, arr in res.tensors.items())
         report["dsa"] = res.report
-    total_bytes = 0
     with atomic_output(opts.out) as tmp, task("convert", len(plan), quiet=opts.quiet) as bar:
         w = open_writer(tmp, spec.arch_name)
         add_model_keys(w, spec, ftype)

@@ -85,6 +85,6 @@ def vocab_tokens(path: Path, text: str, add_bos: bool | None = None) -> tuple[li
         raise BadInputError(f"{Path(path).name}: llama.cpp cannot read its vocab ({e})") from None
     try:
         ab = bool(llm._model.add_bos_token()) if add_bos is None else add_bos
-        return list(llm.tokenize(text.encode("utf-8"), add_bos=ab, special=False)), ab
+        return list(tokenize(llm, text, add_bos=ab)), ab
     finally:
         llm.close()

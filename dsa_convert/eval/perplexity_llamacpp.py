@@ -8,9 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from ..backend.llama_runner import RunnerOptions, open_model
+from ..backend.llama_runner import RunnerOptions, eval_logits, open_model, tokenize
 from ..errors import BadInputError
 from ..formats.gguf_read import GgufFile
 from ..progress import task
@@ -60,18 +58,14 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
                                          flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=ov))
     add_bos = bool(llm._model.add_bos_token()) if hasattr(llm, "_model") else False
     bos = llm.token_bos()
-    tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+    tokens = tokenize(llm, text, add_bos=add_bos)
     plan = plan_chunks(len(tokens), o.ctx, o.chunks, add_bos, bos)
     acc = NllAccumulator()
     t0 = time.perf_counter()
     with task("perplexity (llama.cpp)", plan.n_chunk, quiet=o.quiet) as bar:
         for i in range(plan.n_chunk):
             chunk = chunk_tokens(tokens, plan, i)
-            llm.reset()
-            llm._ctx.kv_cache_clear()
-            llm.eval(chunk.tolist())
-            logits = np.asarray(llm.scores[: plan.n_ctx], dtype=np.float32)
-            acc.add(chunk_nll(logits, chunk, plan))
+            acc.add(chunk_nll(eval_logits(llm, chunk.tolist()), chunk, plan))
             bar.advance(1, info=f"ppl {acc.per_chunk[-1]:.4f}")
     ppl, err = acc.result()
     import llama_cpp

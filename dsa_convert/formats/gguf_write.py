@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 
 from .hf_config import ModelSpec
-from .tensor_plan import PlannedTensor, byte_shape, encode
+from .tensor_plan import NP_TYPES, PlannedTensor, byte_shape, encode
 
 
 @dataclass
@@ -64,8 +64,7 @@ def stream_tensors(w: gguf.GGUFWriter, tensors: list[PlannedTensor],
     """Declare every tensor, write header/KV/infos, then load → encode → write each one in turn."""
     for t in tensors:
         bshape = byte_shape(t.shape, t.qtype)
-        np_dtype = np.float32 if t.qtype == gguf.GGMLQuantizationType.F32 else (
-            np.float16 if t.qtype == gguf.GGMLQuantizationType.F16 else np.uint8)
+        np_dtype = NP_TYPES.get(t.qtype, np.uint8)
         nbytes = int(np.prod(bshape)) * np.dtype(np_dtype).itemsize
         w.add_tensor_info(t.name, bshape, np.dtype(np_dtype), nbytes,
                           raw_dtype=None if np_dtype != np.uint8 else t.qtype)

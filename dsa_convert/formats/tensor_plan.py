@@ -31,11 +31,11 @@ class PlannedTensor:
     load: Callable[[], np.ndarray]      # returns float32 numpy in `shape`
 
 
-_NP_TYPES = {QT.F32: np.float32, QT.F16: np.float16}
+NP_TYPES = {QT.F32: np.float32, QT.F16: np.float16}   # stored as-is; every other type as raw uint8 blocks
 
 
 def byte_shape(shape: tuple[int, ...], qtype: QT) -> tuple[int, ...]:
-    if qtype in _NP_TYPES:
+    if qtype in NP_TYPES:
         return shape
     return gguf.quant_shape_to_byte_shape(shape, qtype)
 
