@@ -152,6 +152,10 @@ def eval_cmd(
 ):
     """Perplexity the way llama-perplexity computes it (chunks of --ctx, second half scored)."""
     from .errors import BadInputError
+
+    if backend == "llama.cpp":
+        from .backend.runtime import preload_llama_cpp
+        preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
     from .eval import data as evdata
 
     text_path = evdata.resolve(ppl, data, download)

@@ -1,7 +1,6 @@
 """`dsa convert`: HF checkpoint -> GGUF (optionally with a DSA indexer and ASQ prototypes)."""
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 import gguf
 
 from .errors import BadInputError
+from .resources import peak_resources
 from .formats.atomic import atomic_output, check_output
 from .formats.gguf_write import ExtraKV, add_extra_kv, add_model_keys, open_writer, planned_from_arrays, stream_tensors
 from .formats.hf_config import load_config
@@ -27,10 +27,6 @@ class ConvertOptions:
     force: bool = False
     quiet: bool = False
     dsa: Any = None          # dsa_convert.dsa.config.DsaConfig or None for a plain GGUF
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def convert(opts: ConvertOptions) -> dict:
@@ -74,6 +70,6 @@ def convert(opts: ConvertOptions) -> dict:
     return {
         "input": str(opts.model_dir), "output": str(opts.out), "arch": spec.arch_name,
         "hf_arch": spec.hf_arch, "outtype": opts.outtype, "tensors": len(plan), "bytes": total_bytes,
-        "seconds": round(time.perf_counter() - t0, 3), "peak_rss_mib": round(peak_rss_mib(), 1),
+        "seconds": round(time.perf_counter() - t0, 3), **peak_resources(),
         "dsa": opts.dsa is not None, **report,
     }

@@ -88,3 +88,42 @@ def vocab_tokens(path: Path, text: str, add_bos: bool | None = None) -> tuple[li
         return list(tokenize(llm, text, add_bos=ab)), ab
     finally:
         llm.close()
+
+
+_CHILD = """
+import json, sys
+from dsa_convert.backend.runtime import import_llama_cpp
+import_llama_cpp()          # before numpy: see runtime.preload_llama_cpp
+from dsa_convert.backend.llama_runner import vocab_tokens
+from dsa_convert.errors import DsaError
+path, text_file, add_bos = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    toks, ab = vocab_tokens(path, open(text_file, encoding="utf-8").read(), add_bos)
+    print(json.dumps({"tokens": toks, "add_bos": ab}))
+except DsaError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def vocab_tokens_isolated(path: Path, text: str, add_bos: bool | None = None) -> tuple[list[int], bool]:
+    """vocab_tokens in a fresh Python process, for callers that hold numpy/torch: llama.cpp loaded after
+    them crashes on some CUDA images, and a CUDA torch beside llama.cpp's CUDA backend aborts."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    with tempfile.TemporaryDirectory(prefix="dsa-tok-") as d:
+        tf = Path(d) / "text.txt"
+        tf.write_text(text, encoding="utf-8")
+        r = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(tf), json.dumps(add_bos)],
+                           capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        raise DsaError(f"tokenizing with {Path(path).name}'s vocab failed: {last}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if "error" in out:
+        raise BadInputError(out["error"])
+    return out["tokens"], bool(out["add_bos"])

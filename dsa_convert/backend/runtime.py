@@ -24,6 +24,18 @@ def import_llama_cpp():
     return llama_cpp
 
 
+def preload_llama_cpp() -> None:
+    """Load llama.cpp's libraries before numpy or torch are imported, when the backend is installed.
+
+    On the H200 image (CUDA build of the backend, Python 3.12, numpy with scipy-openblas) a process
+    that imported numpy (or torch, or gguf) before llama_cpp segfaults inside llama_model_load; the
+    reverse order works. Entry points that will run llama.cpp call this first."""
+    try:
+        import_llama_cpp()
+    except BackendMissing:
+        pass
+
+
 def current_build() -> Path | None:
     cur = cache_root() / "backend" / "current"
     return cur.resolve() if (cur / "build.json").is_file() else None

@@ -12,10 +12,10 @@ from ..errors import BadInputError
 
 
 def _tokens(gguf_path: Path, text: str, n: int) -> list[int]:
-    from ..backend.llama_runner import vocab_tokens
+    from ..backend.llama_runner import vocab_tokens_isolated
 
     try:
-        toks, _ = vocab_tokens(gguf_path, text)
+        toks, _ = vocab_tokens_isolated(gguf_path, text)
     except Exception as e:
         raise BadInputError(f"--heatmap needs the llama.cpp backend to tokenise with the file's vocab: {e}") from None
     return toks[:n]

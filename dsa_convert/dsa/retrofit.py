@@ -6,7 +6,8 @@
     res.report   measured numbers (losses, split candidates, ASQ errors, timings)
 
 The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
-at a time over all calibration chunks. K prototypes are in the GGUF's head layout (llama q/k rows are
+at a time over all calibration chunks; the hidden states and the current layer's x/q/k stay on the
+training device (on a GPU this avoids a host-to-device copy per training step). K prototypes are in the GGUF's head layout (llama q/k rows are
 permuted to GGML's interleaved RoPE), as the llama.cpp KV cache holds them.
 """
 from __future__ import annotations
@@ -113,13 +114,13 @@ def _layer_data(model, il: int, h: torch.Tensor, pos: torch.Tensor, sampler: Asq
             q, k, v, k_pre = model.qkv(il, x, pos)
             if sampler is not None:
                 sampler.add(k_pre, k, v, pos)
-            xs.append(x.cpu()), qs.append(q.cpu()), ks.append(k.cpu())
+            xs.append(x), qs.append(q), ks.append(k)
     return torch.stack(xs), torch.stack(qs), torch.stack(ks)
 
 
 def _advance(model, il: int, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return torch.stack([model.layer(il, hh.to(model.device), pos).cpu() for hh in h])
+        return torch.stack([model.layer(il, hh.to(model.device), pos) for hh in h])
 
 
 def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn] = None, model=None) -> DsaResult:
@@ -157,7 +158,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
 
     # ---- pass A: dense warm-up (+ sparse phase when the split is given), ASQ samples, layer by layer
     emit({"stage": "calib_forward", "chunks": n_train + n_held, "ctx": ctx})
-    h = torch.stack([model.embed(t).cpu() for t in tokens])
+    h = torch.stack([model.embed(t) for t in tokens])
+    t_asq = 0.0
     for il in range(hp.n_layer):
         sampler = AsqSampler(per_chunk, cfg.seed + il) if cfg.cluster_num is not None else None
         x, q, k = _layer_data(model, il, h[:n_train], pos, sampler)
@@ -174,13 +176,16 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                 LayerCalib(hx, hq, hk, hp.kq_scale), w, cfg.top_k, device=dev)["kl"]
         if sampler is not None:
             emit({"stage": "asq_fit", "layer": il})
+            t0 = time.time()
             spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
             rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
             asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
                                         cfg.seed + il, spaces=spaces))
+            t_asq += time.time() - t0
         del x, q, k, data
         h = _advance(model, il, h, pos)
     del h
+    rep["stage_seconds"] = {"pass_a": time.time() - t_start, "asq_fit": t_asq}
 
     # ---- split by calibration loss, then the sparse phase (pass B) with the chosen split
     if user_split:
@@ -192,7 +197,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         rep["split"] = srep
         split_source = "calibrated"
         if sparse_steps > 0:
-            h = torch.stack([model.embed(t).cpu() for t in tokens[:n_train]])
+            t0 = time.time()
+            h = torch.stack([model.embed(t) for t in tokens[:n_train]])
             for il in range(hp.n_layer):
                 x, q, k = _layer_data(model, il, h, pos, None)
                 indexers[il] = train_layer(LayerCalib(x, q, k, hp.kq_scale), indexers[il], steps=sparse_steps,
@@ -201,6 +207,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                 if il + 1 < hp.n_layer:
                     h = _advance(model, il, h, pos)
             del h
+            rep["stage_seconds"]["sparse_phase"] = time.time() - t0
     rep["sink"], rep["local"], rep["split_source"] = sink, local, split_source
 
     # ---- assemble

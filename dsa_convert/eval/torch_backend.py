@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..backend.llama_runner import vocab_tokens
+from ..backend.llama_runner import vocab_tokens_isolated
 from ..errors import BadInputError
 from ..progress import task
 from .data import read_eval_text
@@ -20,7 +20,7 @@ def run_torch_eval(file: Path, text_path: Path, *, ctx: int, chunks: int | None,
     tokens = add_bos = None
     if tokenizer is None and file.is_file():
         try:
-            tokens, add_bos = vocab_tokens(file, read_eval_text(text_path))
+            tokens, add_bos = vocab_tokens_isolated(file, read_eval_text(text_path))
         except Exception as e:  # backend missing: ask for the HF tokenizer instead
             raise BadInputError(f"--backend torch on a GGUF needs --tokenizer HF_DIR (or the llama.cpp backend "
                                 f"for the file's own vocab): {e}") from None

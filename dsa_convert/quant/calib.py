@@ -16,9 +16,9 @@ from ..formats.gguf_read import GgufFile
 
 
 def tokenize_file(gguf_path: Path, text: str) -> list[int]:
-    from ..backend.llama_runner import vocab_tokens
+    from ..backend.llama_runner import vocab_tokens_isolated
 
-    return vocab_tokens(gguf_path, text, add_bos=False)[0]
+    return vocab_tokens_isolated(gguf_path, text, add_bos=False)[0]
 
 
 def load_samples(gguf_path: Path, g: GgufFile, calib: Path, samples: int, seq_len: int) -> torch.Tensor:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import math
 import re
-import resource
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import BadInputError, DsaError
+from ..resources import peak_resources
 from ..formats.atomic import atomic_output, check_output
 from ..formats.gguf_read import GgufFile
 from ..formats.tensor_plan import byte_shape, encode
@@ -68,10 +68,6 @@ class QuantOptions:
     clip_qk: bool | None = None
     seed: int = 0
     threads: int | None = None        # llama-quantize threads
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _device(name: str) -> torch.device:
@@ -470,7 +466,7 @@ def quantize(opts: QuantOptions) -> dict:
     result.update({
         "bytes": Path(opts.out).stat().st_size, "bits_per_weight": round(8.0 * n_b / max(1, n_el), 3),
         "tensor_types": types, "calib_tokens": cal.n_tokens, "calib_seconds": round(cal.seconds, 2),
-        "seconds": round(time.perf_counter() - t0, 2), "peak_rss_mib": round(peak_rss_mib(), 1),
+        "seconds": round(time.perf_counter() - t0, 2), **peak_resources(),
         "blocks": cal.report,
     })
     return result
