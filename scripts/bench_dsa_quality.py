@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--rope-dim", type=int, default=32)
     ap.add_argument("--index-heads", type=int, default=4)
     ap.add_argument("--sparse-target", default="middle")
+    ap.add_argument("--train-ctx", type=int, default=None,
+                    help="calibration ctx of the retrofit (default: each point's ctx; `dsa convert` uses 2048)")
     ap.add_argument("--sink", type=int, default=None)
     ap.add_argument("--local", type=int, default=None)
     ap.add_argument("--asq", default="16,32,64", help="cluster counts for the KV table ('' = skip)")
@@ -81,14 +83,14 @@ def main() -> None:
             dense[ctx] = ppl(ctx, attn="dense", kv="f16")
             out["quality"].append(dict(dense[ctx], budget=None))
             log(f"ctx {ctx} dense {dense[ctx]['ppl']:.3f}")
-        cfg = DsaConfig(top_k=K, sink=a.sink, local=a.local, calib=a.calib, ctx=ctx, calib_chunks=a.calib_chunks,
-                        split_chunks=a.split_chunks, steps=a.steps, sparse_steps=a.sparse_steps,
+        cfg = DsaConfig(top_k=K, sink=a.sink, local=a.local, calib=a.calib, ctx=a.train_ctx or ctx,
+                        calib_chunks=a.calib_chunks, split_chunks=a.split_chunks, steps=a.steps, sparse_steps=a.sparse_steps,
                         query_rows=a.query_rows, rope_dim=a.rope_dim, index_heads=a.index_heads,
                         sparse_target=a.sparse_target, cluster_num=None, device=dev, seed=a.seed)
         t0 = time.time()
         res = run_retrofit(a.model, cfg, progress=lambda d: log(d) if d["stage"] in ("split", "done") else None,
                            model=model)
-        out["retrofits"].append({"ctx": ctx, "budget": K, "seconds": time.time() - t0, "report": res.report})
+        out["retrofits"].append({"ctx": ctx, "train_ctx": a.train_ctx or ctx, "budget": K, "seconds": time.time() - t0, "report": res.report})
         S, L = res.report["sink"], res.report["local"]
         log(f"ctx {ctx} K {K}: split S={S} L={L} in {time.time() - t0:.0f}s")
         for m in a.modes.split(","):

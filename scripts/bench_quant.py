@@ -2,6 +2,8 @@
 """Benchmark `dsa quantize` against llama.cpp's own 4-bit quantization on the reference model.
 
     python scripts/bench_quant.py --work /tmp/qb [--chunks 60] [--samples 32] [--skip-depth]
+    python scripts/bench_quant.py --work /tmp/qb-full --reuse /tmp/qb --chunks 100000 --kl-chunks 0 --only KEYS
+        (the same files scored on the whole test file: llama-perplexity caps --chunks at what the text holds)
 
 Steps (each skipped when its output already exists in --work, so the script can be resumed):
   1. F16 GGUF with `dsa convert`
@@ -131,6 +133,10 @@ def main() -> None:
     ap.add_argument("--depth-samples", type=int, default=8)
     ap.add_argument("--kl-chunks", type=int, default=20, help="chunks for the KL divergence to F16 (0: skip)")
     ap.add_argument("--skip-depth", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated row keys to build/evaluate (F16 always)")
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="a finished --work dir whose GGUFs are linked instead of rebuilt (e.g. to re-score with "
+                         "another --chunks in a new --work)")
     a = ap.parse_args()
     W = a.work
     W.mkdir(parents=True, exist_ok=True)
@@ -141,6 +147,8 @@ def main() -> None:
         res_path.write_text(json.dumps(R, indent=2))
 
     f16 = W / "ref-f16.gguf"
+    if a.reuse and not f16.exists() and (a.reuse / f16.name).exists():
+        f16.symlink_to((a.reuse / f16.name).resolve())
     if not f16.exists():
         R["runs"]["f16"] = sh([sys.executable, "-m", "dsa_convert.cli", "convert", str(MODEL), str(f16),
                                "--outtype", "f16", "--force"], W / "convert.log")
@@ -177,8 +185,13 @@ def main() -> None:
                 "--group-size", "32", "--no-clip", "--imatrix", str(imatrix)])),
     ]
     rows = [("f16", "F16", f16)]
+    only = {k for k in a.only.split(",") if k}
     for key, label, make in steps:
+        if only and key not in only:
+            continue
         out = W / f"{key}.gguf"
+        if a.reuse and not out.exists() and (a.reuse / out.name).exists():
+            out.symlink_to((a.reuse / out.name).resolve())
         if not out.exists():
             R["runs"][key] = make(out)
             save()

@@ -27,7 +27,7 @@ from dsa_convert.eval.data import resolve  # noqa: E402
 def dsa_eval(*args: str) -> dict:
     r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", *args, "--json"], capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(r.stderr)
+        raise SystemExit(f"dsa eval {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}")
     return json.loads(r.stdout)
 
 

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU rows of docs/RESULTS.md, on one machine with an NVIDIA GPU (recorded on one H200):
+#
+#   build     dsa backend build --cuda from a llama-cpp-python sdist (a trimmed copy is fine)
+#   retrofit  dsa convert with DSA (indexer training, split search, ASQ k-means) on the GPU:
+#             wall time, peak RSS and peak GPU memory from its --json report          (issue 3)
+#   runtime   scripts/bench_runtime.py with every layer on the GPU: stock file vs llama-perplexity,
+#             sparse llama.cpp vs kernels_ref (torch on the GPU), dense override vs stripped file (issue 4)
+#   quant     dsa quantize --device cuda, AWQ Q4_0, at 6 and 12 blocks (calibration cost vs depth) (issue 5)
+#   indexer   scripts/bench_dsa_quality.py at ctx 1024 / K 256 and 2048 / K 256 with 8 and 16
+#             indexer heads (issue 3's remaining gap to the oracle)
+#
+#   bash scripts/h200_checks.sh SHARED SDIST WORK [STEP ...]      (default: build retrofit runtime quant)
+#
+# SHARED holds models/ref-llama-27m, data/calib/books-calib.txt, data/wikitext-2-raw/wiki.test.raw.
+# Results land in WORK (*.json, *.md, *.log); a step whose result exists is skipped.
+set -euo pipefail
+SHARED=$(realpath "$1"); SDIST=$(realpath "$2"); mkdir -p "$3"; WORK=$(realpath "$3"); shift 3
+STEPS=${*:-build retrofit runtime quant}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$REPO:${PYTHONPATH:-} DSA_SHARED=$SHARED \
+       DSA_WIKITEXT2=$SHARED/data/wikitext-2-raw/wiki.test.raw
+MODEL=$SHARED/models/ref-llama-27m
+CALIB=$SHARED/data/calib/books-calib.txt
+dsa() { python3 -m dsa_convert.cli "$@"; }
+stamp() { echo "== $(date -u +%FT%TZ) $*"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+for step in $STEPS; do
+  stamp "$step"
+  case $step in
+  build)
+    if ! dsa backend info --json 2>/dev/null | grep -q '"cuda": true'; then
+      s=$(date +%s)
+      dsa backend build --cuda --no-build-isolation --sdist "$SDIST" --cmake-arg=-DGGML_CUDA_FA=OFF \
+        > "$WORK/build.log" 2>&1 || { tail -50 "$WORK/build.log"; exit 1; }
+      echo "build seconds: $(( $(date +%s) - s ))" | tee -a "$WORK/build.log"
+    fi
+    dsa backend info --json | tee "$WORK/backend-info.json" ;;
+  retrofit)
+    [ -s "$WORK/retrofit.json" ] || dsa convert "$MODEL" "$WORK/ref-dsa.gguf" --cluster-num 64 --top-k 512 --calib "$CALIB" \
+      --outtype f16 --device cuda --json > "$WORK/retrofit.json"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r.get(k) for k in ('seconds','peak_rss_mib','peak_gpu_mib')})" "$WORK/retrofit.json" ;;
+  runtime)
+    [ -f "$WORK/ref-f16.gguf" ] || dsa convert "$MODEL" "$WORK/ref-f16.gguf" --outtype f16 --json > /dev/null
+    [ -s "$WORK/runtime.md" ] || python3 scripts/bench_runtime.py --stock "$WORK/ref-f16.gguf" --dsa "$WORK/ref-dsa.gguf" \
+      --ctx 2048 --chunks 4 --stock-ctx 512 --stock-chunks 60 --n-gpu-layers 99 > "$WORK/runtime.md"
+    cat "$WORK/runtime.md" ;;
+  quant)
+    [ -f "$WORK/ref-f16.gguf" ] || dsa convert "$MODEL" "$WORK/ref-f16.gguf" --outtype f16 --json > /dev/null
+    [ -f "$WORK/ref-f16-x2.gguf" ] || python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_quant import deepen; \
+from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/ref-f16.gguf" "$WORK/ref-f16-x2.gguf"
+    for src in ref-f16 ref-f16-x2; do
+      [ -s "$WORK/quant-$src.json" ] || dsa quantize "$WORK/$src.gguf" "$WORK/q4_0-$src.gguf" --type q4_0 --calib "$CALIB" \
+        --samples 8 --seq-len 512 --group-size 32 --device cuda --json > "$WORK/quant-$src.json"
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1], {k: r.get(k) for k in ('calib_seconds','seconds','peak_rss_mib','peak_gpu_mib')})" "$WORK/quant-$src.json"
+    done ;;
+  indexer)
+    for h in 8 16; do
+      [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \
+        --text "$DSA_WIKITEXT2" --points 1024:256,2048:256 --modes dense,sparse,oracle,local --chunks 4 --asq "" \
+        --index-heads $h --device cuda --out "$WORK/indexer-h$h.json" > "$WORK/indexer-h$h.md" 2> "$WORK/indexer-h$h.log"
+      cat "$WORK/indexer-h$h.md"
+    done ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
+stamp done
