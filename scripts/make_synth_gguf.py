@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Write a synthetic DSA GGUF of a real model shape with random weights (for speed benchmarks).
+
+Decode/prefill speed does not depend on the weight values, so a file with the exact tensor shapes,
+keys and DSA indexer of docs/FORMAT.md (random values) measures what a converted model would:
+
+    python scripts/make_synth_gguf.py /tmp/l8b.gguf --shape llama-3.1-8b --top-k 2048
+    python scripts/make_synth_gguf.py /tmp/l1b-q4.gguf --shape llama-3.2-1b --outtype q4_k_m
+    dsa bench /tmp/l8b.gguf --ctx 4096,16384 --attn sparse,dense
+
+Tensors are generated, written and freed one at a time (gguf_write.stream_tensors), so an 8B F16
+file (16 GB) needs about 2 GB of RAM (the largest tensor, token_embd, plus its encoded copy).
+Weights are F16 with random signs and mantissas at one exponent per tensor (|w| in
+[s/2, s), s ≈ 1/sqrt(fan-in): fast to generate, activations stay finite); norms are 1.
+The vocabulary is a minimal SentencePiece-style one of the shape's size (<unk> <s> </s>, 256 byte
+tokens, filler pieces): llama.cpp loads it; benchmarks feed random token ids.
+`--outtype q4_k_m` writes F16, then runs the backend's llama-quantize with the indexer matrices
+pinned to F16 (as `dsa quantize --type q4_k_m` does).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:  # pragma: no cover
+    sys.exit("make_synth_gguf.py needs the gguf package (pip install gguf)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from make_test_dsa_gguf import make_indexer_tensors  # noqa: E402
+
+from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
+
+QT = gguf.GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class SynthShape:
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    n_ctx: int
+    rope_theta: float = 500000.0
+    rope_factor: float | None = 8.0      # llama3 rope scaling (rope_freqs.weight); None: none
+    rope_orig_ctx: int = 8192
+
+
+SHAPES: dict[str, SynthShape] = {
+    "llama-3.2-1b": SynthShape(16, 2048, 8192, 32, 8, 64, 128256, True, 131072, rope_factor=32.0),
+    "llama-3.1-8b": SynthShape(32, 4096, 14336, 32, 8, 128, 128256, False, 131072, rope_factor=8.0),
+    # tests: K-quant friendly row lengths (multiples of 256), small vocab and context
+    "tiny": SynthShape(2, 256, 512, 4, 2, 64, 512, True, 2048, rope_theta=10000.0, rope_factor=None),
+}
+
+
+@dataclass
+class SynthOptions:
+    out: Path
+    shape: str = "tiny"
+    top_k: int = 2048
+    index_heads: int = 4
+    index_dim: int = 64
+    rope_dim: int = 32
+    sink: int = 4
+    local: int = 64
+    outtype: str = "f16"
+    seed: int = 0
+    force: bool = False
+    quiet: bool = False
+
+
+def rand_f16(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
+    """Random F16 with random sign and mantissa at exponent ~log2(1/sqrt(fan_in)) (bit tricks: ~10x
+    faster than normal samples, which matters for 8B parameters)."""
+    e = int(np.clip(15 + round(-0.5 * np.log2(fan_in)), 1, 30))
+    bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    bits &= np.uint16(0x83FF)                 # keep sign + mantissa
+    bits |= np.uint16(e << 10)                # fixed exponent
+    return bits.view(np.float16)
+
+
+def model_spec(name: str, s: SynthShape):
+    from dsa_convert.formats.hf_config import ModelSpec, RopeSpec
+
+    rope = RopeSpec(theta=s.rope_theta, dim=s.head_dim, scaling="llama3" if s.rope_factor else "none",
+                    factor=s.rope_factor or 1.0, original_ctx=s.rope_orig_ctx)
+    return ModelSpec("LlamaForCausalLM", gguf.MODEL_ARCH.LLAMA, s.n_layer, s.n_embd, s.n_ff, s.n_head, s.n_head_kv,
+                     s.head_dim, s.n_ctx, s.vocab, 1e-5, rope, s.tied, False, False, name=f"synth-{name}")
+
+
+def synth_vocab(n: int):
+    """Minimal SentencePiece-style vocab of exactly n tokens that llama.cpp accepts."""
+    from dsa_convert.formats.tokenizer import VocabSpec
+
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    if n < len(tokens) + 1:
+        raise BadInputError(f"vocab size {n} too small for a synthetic vocab (need > {len(tokens)})")
+    tokens += [f"\u2581t{i}" for i in range(n - len(tokens))]
+    types += [gguf.TokenType.NORMAL] * (n - len(types))
+    scores = [0.0] * 259 + [-float(i) for i in range(n - 259)]
+    return VocabSpec(model="llama", pre="default", tokens=tokens, scores=scores, token_types=[int(t) for t in types],
+                     bos_id=1, eos_id=2, unk_id=0, add_bos=True)
+
+
+def plan(spec, s: SynthShape, o: SynthOptions):
+    """PlannedTensor list: base model in GGUF order, then the indexer (FORMAT.md §3)."""
+    from dsa_convert.formats.tensor_plan import PlannedTensor, llama3_rope_factors
+
+    rng = np.random.default_rng(o.seed)
+    out: list = []
+
+    def mat(name: str, rows: int, cols: int):
+        out.append(PlannedTensor(name, (rows, cols), QT.F16, lambda: rand_f16(rng, (rows, cols), cols)))
+
+    def ones(name: str, n: int):
+        out.append(PlannedTensor(name, (n,), QT.F32, lambda: np.ones(n, np.float32)))
+
+    d, q, kv = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    mat("token_embd.weight", s.vocab, d)
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        ones(p + "attn_norm.weight", d)
+        mat(p + "attn_q.weight", q, d)
+        mat(p + "attn_k.weight", kv, d)
+        mat(p + "attn_v.weight", kv, d)
+        mat(p + "attn_output.weight", d, q)
+        ones(p + "ffn_norm.weight", d)
+        mat(p + "ffn_gate.weight", s.n_ff, d)
+        mat(p + "ffn_up.weight", s.n_ff, d)
+        mat(p + "ffn_down.weight", d, s.n_ff)
+        for suffix, a in make_indexer_tensors(rng, d, o.index_heads, o.index_dim, np.float16).items():
+            qt = QT.F16 if a.dtype == np.float16 else QT.F32
+            out.append(PlannedTensor(p + suffix, a.shape, qt, (lambda a=a: a)))
+    ones("output_norm.weight", d)
+    if not s.tied:
+        mat("output.weight", s.vocab, d)
+    if s.rope_factor:
+        f = llama3_rope_factors(spec)
+        out.append(PlannedTensor("rope_freqs.weight", f.shape, QT.F32, lambda f=f: f))
+    return out
+
+
+def validate(o: SynthOptions) -> SynthShape:
+    if o.shape not in SHAPES:
+        raise BadInputError(f"unknown --shape {o.shape!r} (choose from {', '.join(SHAPES)})")
+    if o.outtype not in ("f16", "q4_k_m"):
+        raise BadInputError(f"--outtype must be f16 or q4_k_m (got {o.outtype!r})")
+    if o.index_heads <= 0 or o.index_dim <= 0:
+        raise BadInputError("--index-heads and --index-dim must be > 0")
+    if o.rope_dim % 2 or not 0 <= o.rope_dim <= o.index_dim:
+        raise BadInputError(f"--rope-dim must be even and <= --index-dim (got {o.rope_dim})")
+    if o.top_k <= 0 or o.sink < 0 or o.local < 1 or o.sink + o.local > o.top_k:
+        raise BadInputError(f"need top_k > 0, sink >= 0, local >= 1, sink + local <= top_k "
+                            f"(got {o.top_k}, {o.sink}, {o.local})")
+    return SHAPES[o.shape]
+
+
+def _write_f16(path: Path, o: SynthOptions, s: SynthShape) -> int:
+    from dsa_convert.dsa.config import DsaConfig
+    from dsa_convert.dsa.retrofit import dsa_kv
+    from dsa_convert.formats.gguf_write import add_model_keys, open_writer, stream_tensors
+    from dsa_convert.formats.tokenizer import write_vocab
+    from dsa_convert.progress import task
+
+    spec = model_spec(o.shape, s)
+    w = open_writer(path, spec.arch_name)
+    add_model_keys(w, spec, gguf.LlamaFileType.MOSTLY_F16)
+    write_vocab(w, synth_vocab(s.vocab))
+    cfg = DsaConfig(top_k=o.top_k, sink=o.sink, local=o.local, index_heads=o.index_heads, index_dim=o.index_dim,
+                    rope_dim=o.rope_dim, cluster_num=None)
+    for k, (v, vt) in dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", None).items():
+        w.add_key_value(k, v, vt)
+    w.add_string("dsa.synthetic", f"{o.shape} seed={o.seed} (random weights, for speed only)")
+    tensors = plan(spec, s, o)
+    with task(f"synth {o.shape}", len(tensors), quiet=o.quiet) as bar:
+        stream_tensors(w, tensors, on_tensor=lambda t: bar.advance(1, info=t.name))
+    return len(tensors)
+
+
+def make(o: SynthOptions) -> dict:
+    from dsa_convert.formats.atomic import atomic_output, check_output
+
+    t0 = time.perf_counter()
+    s = validate(o)
+    check_output(o.out, o.force)
+    with atomic_output(o.out) as tmp:
+        if o.outtype == "f16":
+            n = _write_f16(tmp, o, s)
+        else:
+            from dsa_convert.quant.qformat import FORMATS
+            from dsa_convert.quant.quantize import _run_llama_quantize
+
+            src = tmp.parent / (tmp.name + ".f16.gguf")
+            try:
+                n = _write_f16(src, o, s)
+                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16 for il in range(s.n_layer)
+                        for t in ("attn_q_b", "attn_k", "proj")}
+                _run_llama_quantize(src, tmp, FORMATS["q4_k_m"], keep, None, None)
+            finally:
+                src.unlink(missing_ok=True)
+    return {"output": str(o.out), "shape": o.shape, "outtype": o.outtype, "tensors": n,
+            "bytes": Path(o.out).stat().st_size, "top_k": o.top_k, "index_heads": o.index_heads,
+            "index_dim": o.index_dim, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("output", type=Path, help="output .gguf")
+    ap.add_argument("--shape", default="tiny", help=f"one of {', '.join(SHAPES)}")
+    ap.add_argument("--top-k", type=int, default=2048, help="K: total keys per query")
+    ap.add_argument("--index-heads", type=int, default=4, help="H: indexer heads")
+    ap.add_argument("--index-dim", type=int, default=64, help="D: indexer head dim")
+    ap.add_argument("--rope-dim", type=int, default=None, help="R: indexer rotary dims (default min(32, D))")
+    ap.add_argument("--sink", type=int, default=4, help="S: sink positions")
+    ap.add_argument("--local", type=int, default=None, help="L: local window (default min(64, K - S))")
+    ap.add_argument("--outtype", default="f16", help="f16 | q4_k_m")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="overwrite OUTPUT")
+    ap.add_argument("--quiet", action="store_true", help="no progress output")
+    a = ap.parse_args(argv)
+    rope_dim = a.rope_dim if a.rope_dim is not None else min(32, a.index_dim - a.index_dim % 2)
+    local = a.local if a.local is not None else max(1, min(64, a.top_k - a.sink))
+    o = SynthOptions(a.output, a.shape, a.top_k, a.index_heads, a.index_dim, rope_dim, a.sink, local,
+                     a.outtype.lower(), a.seed, a.force, a.quiet)
+    try:
+        r = make(o)
+    except DsaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(f"wrote {r['output']} ({r['shape']}, {r['outtype']}, {r['bytes'] / 2**20:.1f} MiB, {r['tensors']} tensors, "
+          f"top-k {r['top_k']}, {r['seconds']:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
