@@ -1,0 +1,274 @@
+"""`dsa bench`: prefill and decode speed, and KV-cache size, per context length, sparse vs dense.
+
+For every (ctx, attn) pair a fresh llama.cpp context of n_ctx = ctx + gen is created (the file's top-k for
+`sparse`, the run-time override top_k = 0 for `dense`; flash attention on by default for both), a warm-up
+batch is decoded and cleared, then ctx random token ids are prefilled (batches of --batch, timed until
+llama_synchronize) and --gen tokens are decoded one at a time (timed the same way). Tokens go straight to
+llama_decode (llama_batch_get_one), so no Python per-token work is inside the timings. llama.cpp's own
+counters (llama_perf_context: prompt-eval and eval ms) are reported beside the wall times.
+
+kv_bytes is llama.cpp's own figure: the sum of the `llama_kv_cache: size = … MiB` lines it logs when it
+allocates the caches (main K/V + the DSA indexer-key cache for sparse), captured through the log callback
+(backend/llama_log.py). kv_bytes_per_token divides by the cells llama.cpp allocated (n_ctx rounded up).
+The indexer time share is not measured per op; `indexer_share_*_est` = 1 - t_dense / t_sparse at the same
+ctx (the patch's sparse path is the dense one plus indexer, top-k and mask, so the difference is their cost).
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
+from ..backend.llama_runner import KV_TYPES, RunnerOptions, open_model
+from ..errors import BadInputError, DsaError
+from ..formats.gguf_read import GgufFile
+from ..progress import task
+from .perplexity_llamacpp import dsa_overrides
+
+ATTN_MODES = ("sparse", "dense")
+DEFAULT_CTX = (4096, 16384, 65536, 131072)
+
+
+@dataclass
+class BenchOptions:
+    ctx: list[int] = field(default_factory=lambda: list(DEFAULT_CTX))
+    gen: int = 128
+    attn: list[str] = field(default_factory=lambda: list(ATTN_MODES))
+    n_gpu_layers: int = 999
+    kv: str = "f16"
+    batch: int = 512                  # n_batch = n_ubatch of the context
+    threads: int | None = None        # None: os.cpu_count()
+    flash_attn: bool = True
+    force: bool = False               # allow ctx > the model's trained context
+    seed: int = 0
+    plot: Path | None = None          # checked before the runs (the PNG is written by write_plot)
+    quiet: bool = False
+
+
+@dataclass
+class FileInfo:
+    arch: str
+    n_ctx_train: int | None
+    top_k: int | None                 # the file's indexer top-k (None: no DSA indexer)
+    overrides: dict[str, dict]        # attn -> kv_overrides
+
+
+def parse_int_list(spec: str, what: str) -> list[int]:
+    out = []
+    for part in (p.strip() for p in str(spec).split(",")):
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise BadInputError(f"{what}: {part!r} is not an integer") from None
+    return out
+
+
+def parse_attn(spec: str) -> list[str]:
+    modes = [p.strip().lower() for p in str(spec).split(",") if p.strip()]
+    bad = [m for m in modes if m not in ATTN_MODES]
+    if not modes or bad:
+        raise BadInputError(f"unknown --attn {bad[0] if bad else spec!r} (choose from sparse, dense)")
+    return list(dict.fromkeys(modes))
+
+
+def validate(path: Path, o: BenchOptions) -> FileInfo:
+    """Every input check that needs no backend: one-line BadInputError (exit 3)."""
+    if not o.ctx:
+        raise BadInputError("--ctx: give at least one context length")
+    for c in o.ctx:
+        if c <= 0:
+            raise BadInputError(f"--ctx must be > 0 (got {c})")
+    if o.gen <= 0:
+        raise BadInputError(f"--gen must be > 0 (got {o.gen})")
+    if o.batch <= 0:
+        raise BadInputError(f"--batch must be > 0 (got {o.batch})")
+    if o.n_gpu_layers < 0:
+        raise BadInputError(f"--n-gpu-layers must be >= 0 (got {o.n_gpu_layers})")
+    if o.kv not in KV_TYPES:
+        raise BadInputError(f"unknown --kv {o.kv!r} (choose from {', '.join(KV_TYPES)})")
+    for m in o.attn:
+        if m not in ATTN_MODES:
+            raise BadInputError(f"unknown --attn {m!r} (choose from sparse, dense)")
+    if o.plot is not None and not Path(o.plot).resolve().parent.is_dir():
+        raise BadInputError(f"--plot: directory does not exist: {Path(o.plot).resolve().parent}")
+    g = GgufFile(path)                     # missing / not a GGUF / corrupt -> BadInputError
+    try:
+        arch = g.arch
+        n_train = g.get(f"{arch}.context_length")
+        n_train = int(n_train) if n_train is not None else None
+        over = {m: dsa_overrides(g, m, None)[0] for m in o.attn}
+        top_k = g.get(f"{arch}.attention.indexer.top_k")
+    finally:
+        g.close()
+    if n_train and not o.force:
+        too_long = [c for c in o.ctx if c > n_train]
+        if too_long:
+            raise BadInputError(f"--ctx {too_long[0]} exceeds the model's trained context {n_train} "
+                                "(use --force to run it anyway)")
+    return FileInfo(arch, n_train, int(top_k) if top_k is not None else None, over)
+
+
+def _device(lc, n_gpu_layers: int, kv: KvCacheInfo) -> str:
+    if any(name.upper().startswith("CUDA") for name in kv.kv_buffers):
+        return "cuda"
+    return "cuda" if (n_gpu_layers > 0 and lc.llama_supports_gpu_offload()) else "cpu"
+
+
+def _decode(lc, ctx, toks: np.ndarray) -> None:
+    ptr = toks.ctypes.data_as(ctypes.POINTER(lc.llama_token))
+    rc = lc.llama_decode(ctx, lc.llama_batch_get_one(ptr, int(toks.size)))
+    if rc != 0:
+        raise DsaError(f"llama_decode returned {rc} (n_tokens {toks.size})")
+
+
+def _prefill(lc, ctx, toks: np.ndarray, batch: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(0, toks.size, batch):
+        _decode(lc, ctx, toks[i:i + batch])
+    lc.llama_synchronize(ctx)
+    return time.perf_counter() - t0
+
+
+def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo) -> dict:
+    threads = o.threads or (os.cpu_count() or 1)
+    ropts = RunnerOptions(n_ctx=ctx_len + o.gen, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
+                          flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
+                          n_threads=threads, logits_all=False)
+    t0 = time.perf_counter()
+    with capture_log(lc) as log:
+        llm = open_model(path, ropts)
+    load_s = time.perf_counter() - t0
+    kv = parse_kv_log("".join(log))
+    try:
+        ctx = llm.ctx
+        mem = lc.llama_get_memory(ctx)
+        rng = np.random.default_rng(o.seed + ctx_len)       # same tokens for sparse and dense
+        n_vocab = llm.n_vocab()
+        lo = 3 if n_vocab > 3 else 0
+        prompt = rng.integers(lo, n_vocab, size=ctx_len, dtype=np.int32)
+        gen = rng.integers(lo, n_vocab, size=o.gen, dtype=np.int32)
+        _prefill(lc, ctx, prompt[: min(o.batch, ctx_len)], o.batch)   # warm-up (allocations, kernels)
+        _decode(lc, ctx, gen[:1])
+        lc.llama_synchronize(ctx)
+        lc.llama_memory_clear(mem, True)
+        lc.llama_perf_context_reset(ctx)
+        prefill_s = _prefill(lc, ctx, prompt, o.batch)
+        t1 = time.perf_counter()
+        for i in range(o.gen):             # synchronized per token, as a generator reading logits would be
+            _decode(lc, ctx, gen[i:i + 1])
+            lc.llama_synchronize(ctx)
+        decode_s = time.perf_counter() - t1
+        perf = lc.llama_perf_context(ctx)
+        n_cells = lc.llama_n_ctx(ctx)
+    finally:
+        llm.close()
+        del llm
+        gc.collect()
+    if not kv.found:
+        raise DsaError("llama.cpp logged no KV-cache size (log format changed?)")
+    eff_k = None if attn == "dense" else fi.top_k
+    cells = kv.cells or n_cells
+    return {
+        "ctx": ctx_len, "gen": o.gen, "attn": attn, "top_k": eff_k,
+        "sparse_active": bool(eff_k is not None and ctx_len + o.gen > eff_k),
+        "mode_log": kv.sparse_line,
+        "prefill_tokens": ctx_len, "prefill_s": round(prefill_s, 4),
+        "prefill_tok_s": round(ctx_len / prefill_s, 2),
+        "decode_tokens": o.gen, "decode_s": round(decode_s, 4),
+        "decode_tok_s": round(o.gen / decode_s, 2), "decode_ms_per_tok": round(1000 * decode_s / o.gen, 3),
+        "llama_perf_ms": {"prefill": round(perf.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms, 2),
+                          "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval},
+        "kv_bytes": kv.kv_bytes, "kv_cells": cells,
+        "kv_bytes_per_token": round(kv.kv_bytes / cells, 2) if cells else None,
+        "kv_main_bytes": kv.parts.get("main", 0), "kv_indexer_bytes": kv.parts.get("indexer", 0),
+        "kv_type": o.kv, "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
+        "kv_bytes_source": "llama.cpp log: llama_kv_cache size lines (MiB, 2 decimals)",
+        "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
+        "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
+        "file": str(path),
+    }
+
+
+def add_indexer_share(rows: list[dict]) -> None:
+    """Sparse rows get 1 - t_dense / t_sparse (prefill and decode) where dense ran at the same ctx."""
+    dense = {r["ctx"]: r for r in rows if r["attn"] == "dense" and "error" not in r}
+    for r in rows:
+        if r["attn"] != "sparse" or "error" in r:
+            continue
+        d = dense.get(r["ctx"])
+        for ph in ("prefill", "decode"):
+            r[f"indexer_share_{ph}_est"] = (round(1.0 - d[f"{ph}_s"] / r[f"{ph}_s"], 4)
+                                            if d and r[f"{ph}_s"] > 0 else None)
+        r["indexer_share_method"] = "not measured per op; estimate 1 - t_dense/t_sparse at the same ctx"
+
+
+def bench(path: Path, o: BenchOptions) -> list[dict]:
+    """Runs every ctx x attn pair; a failed run becomes a row with `error` (the sweep goes on)."""
+    from ..backend.runtime import import_llama_cpp
+
+    fi = validate(Path(path), o)
+    lc = import_llama_cpp()
+    rows: list[dict] = []
+    runs = [(c, a) for c in o.ctx for a in o.attn]
+    with task("bench", len(runs), quiet=o.quiet) as bar:
+        for c, a in runs:
+            try:
+                rows.append(run_one(lc, Path(path), c, a, o, fi))
+                info = f"ctx {c} {a}: {rows[-1]['decode_tok_s']:.1f} tok/s decode"
+            except (DsaError, RuntimeError, MemoryError) as e:
+                rows.append({"ctx": c, "attn": a, "error": str(e).splitlines()[0] if str(e) else repr(e)})
+                info = f"ctx {c} {a}: failed"
+            bar.advance(1, info=info)
+    add_indexer_share(rows)
+    return rows
+
+
+def write_plot(rows: list[dict], out: Path, title: str) -> Path:
+    """PNG of decode tok/s vs context length, one line per attention mode."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DsaError("--plot needs matplotlib (pip install matplotlib)") from None
+    out = Path(out)
+    if not out.resolve().parent.is_dir():
+        raise BadInputError(f"--plot: directory does not exist: {out.resolve().parent}")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in ATTN_MODES:
+        pts = sorted((r["ctx"], r["decode_tok_s"]) for r in rows if r["attn"] == mode and "error" not in r)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("decode tokens / s")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as e:
+        raise BadInputError(f"--plot: cannot write {out}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def render(rows: list[dict]) -> str:
+    head = f"{'ctx':>8} {'attn':>6} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9}  device"
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['ctx']:>8} {r['attn']:>6}  error: {r['error']}")
+            continue
+        lines.append(f"{r['ctx']:>8} {r['attn']:>6} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
+                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f}  {r['device']}")
+    return "\n".join(lines)
