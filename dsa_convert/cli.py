@@ -254,6 +254,44 @@ def quantize(
 # ---- end dsa quantize ------------------------------------------------------------------------
 
 
+@app.command()
+@guarded
+def bench(
+    file: Path = typer.Argument(..., help="GGUF file"),
+    ctx: str = typer.Option("4096,16384,65536,131072", help="context lengths (comma-separated)"),
+    gen: int = typer.Option(128, help="tokens decoded one at a time after the prefill"),
+    attn: str = typer.Option("sparse,dense", help="sparse | dense | sparse,dense"),
+    n_gpu_layers: int = typer.Option(999, help="layers offloaded to the GPU (CUDA builds)"),
+    kv: str = typer.Option("f16", help="KV cache type: f16 | q8_0 | q4_0"),
+    batch: int = typer.Option(512, help="prefill batch (n_batch = n_ubatch)"),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)"),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
+    force: bool = typer.Option(False, "--force", help="allow --ctx beyond the model's trained context"),
+    seed: int = typer.Option(0, help="seed of the random token ids"),
+    plot: Optional[Path] = typer.Option(None, help="PNG: decode tok/s vs context, sparse and dense"),
+    as_json: bool = typer.Option(False, "--json", help="print the list of runs as JSON"),
+):
+    """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""
+    from .backend.runtime import preload_llama_cpp
+    preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
+    from .eval.bench import BenchOptions, bench as run, parse_attn, parse_int_list, render, write_plot
+
+    o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
+                     kv=kv.lower(), batch=batch, threads=threads, flash_attn=flash_attn, force=force, seed=seed,
+                     plot=plot, quiet=as_json)
+    rows = run(file, o)
+    if plot is not None:
+        write_plot(rows, plot, f"{file.name} ({rows[0].get('device', '?')}, kv {o.kv}, gen {o.gen})")
+    if as_json:
+        emit_json(rows)
+    else:
+        print(render(rows))
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        raise DsaError(f"{len(failed)} of {len(rows)} runs failed; first: ctx {failed[0]['ctx']} "
+                       f"{failed[0]['attn']}: {failed[0]['error']}")
+
+
 @backend_app.command("build")
 @guarded
 def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CUDA (sm_90 by default)"),
