@@ -1,0 +1,154 @@
+"""`dsa bench` and scripts/make_synth_gguf.py on the `tiny` synthetic shape (CPU, small contexts)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, requires_backend
+from test_convert_errors import assert_clean_failure, run_dsa  # one copy of the CLI-failure checks
+
+TOPK, SINK, LOCAL = 32, 4, 8
+FIELDS = ("ctx", "attn", "prefill_tok_s", "decode_tok_s", "kv_bytes", "kv_bytes_per_token", "device")
+
+
+def synth(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "make_synth_gguf.py"), str(out), "--quiet", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("synth") / "tiny.gguf"
+    r = synth(out, "--shape", "tiny", "--top-k", str(TOPK), "--sink", str(SINK), "--local", str(LOCAL))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_synth_file_follows_format(tiny):
+    from dsa_convert.formats.gguf_read import GgufFile
+
+    g = GgufFile(tiny)
+    try:
+        assert g.arch == "llama"
+        assert g.get("llama.attention.indexer.top_k") == TOPK
+        assert g.get("llama.dsa.sink") == SINK and g.get("llama.dsa.local") == LOCAL
+        assert g.get("llama.dsa.version") == 1 and g.get("llama.dsa.select") == "token"
+        assert g.get("llama.context_length") == 2048 and g.get("llama.block_count") == 2
+        assert len(g.get("tokenizer.ggml.tokens")) == 512
+        for il in range(2):
+            for s in ("attn_q_b.weight", "attn_k.weight", "k_norm.weight", "k_norm.bias", "proj.weight"):
+                assert g.has(f"blk.{il}.indexer.{s}")
+        assert g.tensors["blk.0.indexer.attn_q_b.weight"].type_name == "F16"
+        assert g.tensors["blk.0.attn_q.weight"].type_name == "F16"
+        assert not g.has("output.weight")          # tied embeddings
+    finally:
+        g.close()
+
+
+def test_synth_bad_options(tmp_path):
+    out = tmp_path / "x.gguf"
+    for args, needle in ((["--shape", "nope"], "unknown --shape"), (["--outtype", "q8_0"], "--outtype"),
+                         (["--top-k", "8", "--sink", "4", "--local", "8"], "sink + local")):
+        r = synth(out, *args)
+        assert r.returncode == 3 and needle in r.stderr.strip().splitlines()[-1], r.stderr
+        assert not out.exists()
+
+
+@requires_backend
+def test_synth_q4_k_m_keeps_indexer_f16(tmp_path):
+    from dsa_convert.formats.gguf_read import GgufFile
+
+    out = tmp_path / "q4.gguf"
+    r = synth(out, "--top-k", str(TOPK), "--local", str(LOCAL), "--outtype", "q4_k_m")
+    assert r.returncode == 0, r.stderr
+    g = GgufFile(out)
+    try:
+        assert g.tensors["blk.0.attn_q.weight"].type_name == "Q4_K"
+        assert g.tensors["blk.1.indexer.attn_q_b.weight"].type_name == "F16"
+        assert g.tensors["blk.1.indexer.proj.weight"].type_name == "F16"
+    finally:
+        g.close()
+
+
+@requires_backend
+def test_bench_json_sparse_and_dense(tiny, tmp_path):
+    png = tmp_path / "decode.png"
+    r = run_dsa("bench", str(tiny), "--ctx", "64,512", "--gen", "4", "--threads", "1", "--n-gpu-layers", "0",
+                "--json", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["ctx"], x["attn"]) for x in rows] == [(64, "sparse"), (64, "dense"), (512, "sparse"), (512, "dense")]
+    for x in rows:
+        assert all(k in x for k in FIELDS), x
+        assert x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 and x["kv_bytes"] > 0
+        assert x["device"] == "cpu" and x["llama_perf_ms"]["n_decode"] == 4
+        print(f"tiny cpu ctx={x['ctx']} {x['attn']}: prefill {x['prefill_tok_s']} tok/s, decode {x['decode_tok_s']} "
+              f"tok/s, kv {x['kv_bytes']} B ({x['kv_bytes_per_token']} B/token, {x['kv_cells']} cells)")
+    by = {(x["ctx"], x["attn"]): x for x in rows}
+    for mode in ("sparse", "dense"):
+        assert by[(512, mode)]["kv_bytes"] > by[(64, mode)]["kv_bytes"]          # scales with ctx
+        assert by[(512, mode)]["kv_cells"] >= 512 + 4
+    assert by[(64, "sparse")]["mode_log"].startswith(f"top-k={TOPK}")          # the sparse path really ran
+    assert by[(64, "dense")]["mode_log"].startswith("off")
+    assert by[(64, "sparse")]["sparse_active"] and by[(64, "sparse")]["top_k"] == TOPK
+    # main K/V: 2 layers x 2 KV heads x 64 x (K + V) x 2 bytes = 1024 B/token (f16); sparse adds the
+    # F32 indexer-key cache: 2 layers x 64 x 4 = 512 B/token (llama.cpp logs MiB with 2 decimals)
+    assert by[(512, "dense")]["kv_bytes_per_token"] == pytest.approx(1024, rel=0.02)
+    assert by[(512, "sparse")]["kv_indexer_bytes"] / by[(512, "sparse")]["kv_cells"] == pytest.approx(512, rel=0.05)
+    assert "indexer_share_decode_est" in by[(64, "sparse")]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@requires_backend
+def test_bench_text_output_and_kv_type(tiny):
+    r = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--attn", "dense", "--kv", "q8_0",
+                "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    assert "decode tok/s" in r.stdout and "dense" in r.stdout
+
+
+@requires_backend
+def test_bench_force_allows_ctx_beyond_training(tiny):
+    r = run_dsa("bench", str(tiny), "--ctx", "2100", "--gen", "2", "--attn", "dense", "--threads", "1",
+                "--force", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["ctx"] == 2100
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--ctx", "0"], "--ctx must be > 0"),
+    (["--ctx", "64,-8"], "--ctx must be > 0"),
+    (["--ctx", "64,abc"], "not an integer"),
+    (["--ctx", "4096"], "exceeds the model's trained context 2048"),
+    (["--attn", "sparse,oracle"], "unknown --attn 'oracle'"),
+    (["--kv", "asq"], "unknown --kv"),
+    (["--gen", "0"], "--gen must be > 0"),
+])
+def test_bench_bad_options(tiny, tmp_path, args, needle):
+    png = tmp_path / "p.png"
+    assert_clean_failure(run_dsa("bench", str(tiny), "--plot", str(png), *args), png, needle)
+
+
+def test_bench_bad_files(tmp_path):
+    png = tmp_path / "p.png"
+    assert_clean_failure(run_dsa("bench", str(tmp_path / "missing.gguf")), png, "not found")
+    txt = tmp_path / "notes.gguf"
+    txt.write_text("this is not a gguf file\n" * 4)
+    assert_clean_failure(run_dsa("bench", str(txt)), png, "not a GGUF")
+
+
+def test_bench_plot_dir_missing(tiny, tmp_path):
+    png = tmp_path / "nope" / "p.png"
+    assert_clean_failure(run_dsa("bench", str(tiny), "--ctx", "64", "--plot", str(png)), png, "--plot")
+
+
+def test_bench_sparse_needs_indexer(tiny, tmp_path):
+    plain = tmp_path / "plain.gguf"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "strip_dsa.py"), str(tiny), str(plain)], check=True,
+                   capture_output=True)
+    assert_clean_failure(run_dsa("bench", str(plain), "--ctx", "64", "--attn", "sparse"), tmp_path / "p.png",
+                         "no DSA indexer")
