@@ -269,6 +269,7 @@ def bench(
     force: bool = typer.Option(False, "--force", help="allow --ctx beyond the model's trained context"),
     seed: int = typer.Option(0, help="seed of the random token ids"),
     plot: Optional[Path] = typer.Option(None, help="PNG: decode tok/s vs context, sparse and dense"),
+    jsonl: Optional[Path] = typer.Option(None, help="append each run's JSON object to this file as it finishes"),
     as_json: bool = typer.Option(False, "--json", help="print the list of runs as JSON"),
 ):
     """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""
@@ -278,7 +279,7 @@ def bench(
 
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
                      kv=kv.lower(), batch=batch, threads=threads, flash_attn=flash_attn, force=force, seed=seed,
-                     plot=plot, quiet=as_json)
+                     plot=plot, jsonl=jsonl, quiet=as_json)
     rows = run(file, o)
     if plot is not None:
         write_plot(rows, plot, f"{file.name} ({rows[0].get('device', '?')}, kv {o.kv}, gen {o.gen})")

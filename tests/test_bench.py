@@ -104,11 +104,14 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
 
 
 @requires_backend
-def test_bench_text_output_and_kv_type(tiny):
+def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path):
+    jl = tmp_path / "runs.jsonl"
     r = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--attn", "dense", "--kv", "q8_0",
-                "--threads", "1")
+                "--threads", "1", "--jsonl", str(jl))
     assert r.returncode == 0, r.stderr
     assert "decode tok/s" in r.stdout and "dense" in r.stdout
+    rows = [json.loads(line) for line in jl.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["kv_type"] == "q8_0" and rows[0]["kv_bytes"] > 0
 
 
 @requires_backend
@@ -144,6 +147,7 @@ def test_bench_bad_files(tmp_path):
 def test_bench_plot_dir_missing(tiny, tmp_path):
     png = tmp_path / "nope" / "p.png"
     assert_clean_failure(run_dsa("bench", str(tiny), "--ctx", "64", "--plot", str(png)), png, "--plot")
+    assert_clean_failure(run_dsa("bench", str(tiny), "--ctx", "64", "--jsonl", str(png)), png, "--jsonl")
 
 
 def test_bench_sparse_needs_indexer(tiny, tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class BenchOptions:
     force: bool = False               # allow ctx > the model's trained context
     seed: int = 0
     plot: Path | None = None          # checked before the runs (the PNG is written by write_plot)
+    jsonl: Path | None = None         # append each finished row here at once (partial results survive a kill)
     quiet: bool = False
 
 
@@ -95,8 +97,9 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
     for m in o.attn:
         if m not in ATTN_MODES:
             raise BadInputError(f"unknown --attn {m!r} (choose from sparse, dense)")
-    if o.plot is not None and not Path(o.plot).resolve().parent.is_dir():
-        raise BadInputError(f"--plot: directory does not exist: {Path(o.plot).resolve().parent}")
+    for opt, p in (("--plot", o.plot), ("--jsonl", o.jsonl)):
+        if p is not None and not Path(p).resolve().parent.is_dir():
+            raise BadInputError(f"{opt}: directory does not exist: {Path(p).resolve().parent}")
     g = GgufFile(path)                     # missing / not a GGUF / corrupt -> BadInputError
     try:
         arch = g.arch
@@ -224,6 +227,9 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
             except (DsaError, RuntimeError, MemoryError) as e:
                 rows.append({"ctx": c, "attn": a, "error": str(e).splitlines()[0] if str(e) else repr(e)})
                 info = f"ctx {c} {a}: failed"
+            if o.jsonl is not None:
+                with open(o.jsonl, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rows[-1], default=str) + "\n")
             bar.advance(1, info=info)
     add_indexer_share(rows)
     return rows
