@@ -153,6 +153,13 @@ def main() -> int:
     check("decode path matches masked dense decode (LLAMA_DSA_GATHER_MAX_TOKENS=0)", d < args.tol, f"(max |diff| {d:.2e})")
     d_dm_ref = np.abs(dec_m - ref).max()
     print(f"       masked dense decode vs kernels_ref: max |diff| {d_dm_ref:.2e}")
+    # decode rows with t + 1 <= top_k: every visible key selected -> exactly the stock model's decode
+    n_small, p_small = min(args.top_k + 8, args.tokens), min(16, args.top_k)
+    dec_s = llama_logits(dsa, toks[:n_small], prefill=p_small)
+    stock_s = llama_logits(args.stock_gguf, toks[:n_small], prefill=p_small)
+    check(f"decode rows t < {args.top_k} == stock decode (bit-exact)", np.array_equal(dec_s[:args.top_k], stock_s[:args.top_k]))
+    d = np.abs(dec_s - ref[:n_small]).max()
+    check(f"decode from t = {p_small} across t = top_k matches kernels_ref", d < args.tol, f"(max |diff| {d:.2e})")
     ub = llama_logits(dsa, toks, n_ubatch=4)
     d = np.abs(ub - ref).max()
     check("ubatch 4 (multi-token gather) matches kernels_ref", d < args.tol, f"(max |diff| {d:.2e})")
@@ -160,7 +167,7 @@ def main() -> int:
     # q8_0 turns tiny differences into ulp flips of cached values that persist (masked decode vs masked
     # one-batch shows the same effect) and can flip near-tie selections in a few rows, whichever path runs;
     # so the check is that the decode path is no further from the f32 reference than the masked path with
-    # the same cache (median and max over the decode rows of the per-row max |diff|).
+    # the same cache (median and 90th percentile over the decode rows of the per-row max |diff|).
     for name, ct, fa in (("f16 cache", 1, False), ("f16 cache + flash-attn", 1, True), ("q8_0 cache + flash-attn", 8, True)):
         try:
             g = llama_logits(dsa, toks, prefill=P, cache_type=ct, flash_attn=fa)
@@ -170,7 +177,8 @@ def main() -> int:
         m = llama_logits(dsa, toks, prefill=P, cache_type=ct, flash_attn=fa, gather=False)
         d_gm = np.abs(g - m).max(axis=1)[P:]
         r_g, r_m = np.abs(g - ref).max(axis=1)[P:], np.abs(m - ref).max(axis=1)[P:]
-        cond = r_g.max() <= 1.5 * r_m.max() + 1e-3 and np.median(r_g) <= 1.5 * np.median(r_m) + 1e-4
+        # median and 90th percentile: the maximum is decided by which few rows happen to flip a near-tie
+        cond = all(np.percentile(r_g, q) <= 1.5 * np.percentile(r_m, q) + 1e-4 for q in (50, 90))
         check(f"{name}: decode path vs masked dense decode", cond,
               f"(|gather - masked| median/max {np.median(d_gm):.1e}/{d_gm.max():.1e}; vs f32 kernels_ref median/max: "
               f"gather {np.median(r_g):.1e}/{r_g.max():.1e}, masked {np.median(r_m):.1e}/{r_m.max():.1e})")
