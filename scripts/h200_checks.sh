@@ -7,6 +7,11 @@
 #   runtime   scripts/bench_runtime.py with every layer on the GPU: stock file vs llama-perplexity,
 #             sparse llama.cpp vs kernels_ref (torch on the GPU), dense override vs stripped file (issue 4)
 #   quant     dsa quantize --device cuda, AWQ Q4_0, at 6 and 12 blocks (calibration cost vs depth) (issue 5)
+#   decode    scripts/verify_dsa_patch.py with every layer on the GPU: the decode path (gather of the
+#             selected K/V rows) vs masked dense vs kernels_ref                                (issue 6)
+#   bench     dsa bench on a synthetic llama-3.2-1b-shape Q4_K_M file (scripts/make_synth_gguf.py),
+#             contexts $BENCH_CTX (default 4096,16384,32768), sparse and dense, flash attention off
+#             (the quick build has no FA kernels), results appended to $BENCH_JSONL as they finish (issue 6)
 #   indexer   scripts/bench_dsa_quality.py at ctx 1024 / K 256 and 2048 / K 256 with 8 and 16
 #             indexer heads (issue 3's remaining gap to the oracle)
 #
@@ -56,6 +61,15 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
         --samples 8 --seq-len 512 --group-size 32 --device cuda --json > "$WORK/quant-$src.json"
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1], {k: r.get(k) for k in ('calib_seconds','seconds','peak_rss_mib','peak_gpu_mib')})" "$WORK/quant-$src.json"
     done ;;
+  decode)
+    [ -f "$WORK/ref-f32.gguf" ] || dsa convert "$MODEL" "$WORK/ref-f32.gguf" --outtype f32 --json > /dev/null
+    python3 scripts/verify_dsa_patch.py "$WORK/ref-f32.gguf" --n-gpu-layers 99 | tee "$WORK/decode.txt" ;;
+  bench)
+    [ -f "$WORK/synth-1b-q4_k_m.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-q4_k_m.gguf" \
+      --shape llama-3.2-1b --outtype q4_k_m --quiet
+    dsa bench "$WORK/synth-1b-q4_k_m.gguf" --ctx "${BENCH_CTX:-4096,16384,32768}" --gen 32 --no-flash-attn \
+      --n-gpu-layers 999 --jsonl "${BENCH_JSONL:-$WORK/bench.jsonl}" --json > "$WORK/bench.json" || true
+    cat "${BENCH_JSONL:-$WORK/bench.jsonl}" ;;
   indexer)
     for h in 8 16; do
       [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \

@@ -17,16 +17,28 @@ Takes a stock llama / qwen2 / qwen3 GGUF (f32 recommended), writes a DSA copy wi
      masked dense decode with the same cache type.
 Check (a) "stock file: patched == unpatched" needs two libraries and is done by running this
 script's stock-file logits once with each library (see docs/PATCH.md).
+
+On a GPU build, `--n-gpu-layers 99` runs every llama.cpp evaluation on the GPU; the PyTorch
+reference then runs on the CPU in a separate process (llama.cpp's CUDA backend and torch in one
+process crash on some images, and llama_cpp must be imported before numpy there).
 """
 from __future__ import annotations
 
-import argparse
-import subprocess
+import os
 import sys
-import tempfile
-from pathlib import Path
 
-import numpy as np
+if os.environ.get("DSA_VERIFY_REF_CHILD") != "1":
+    try:                      # before numpy: see dsa_convert.backend.runtime.preload_llama_cpp
+        import llama_cpp  # noqa: F401,E402
+    except (ImportError, OSError):
+        pass
+
+import argparse  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -62,6 +74,21 @@ def ref_logits(path: str, toks: np.ndarray, sparse: bool) -> np.ndarray:
     return m.forward(torch.tensor(toks), attention=attn).double().numpy()
 
 
+def ref_logits_isolated(path: str, toks: np.ndarray) -> np.ndarray:
+    """ref_logits(path, toks, sparse=True) in a separate Python process (no llama.cpp loaded there)."""
+    with tempfile.TemporaryDirectory() as d:
+        tin, tout = Path(d) / "toks.npy", Path(d) / "ref.npy"
+        np.save(tin, np.asarray(toks))
+        code = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); from verify_dsa_patch import ref_logits; "
+                "np.save(sys.argv[4], ref_logits(sys.argv[2], np.load(sys.argv[3]), sparse=True))")
+        subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), path, str(tin), str(tout)], check=True,
+                       env=dict(os.environ, DSA_VERIFY_REF_CHILD="1"))
+        return np.load(tout)
+
+
+N_GPU_LAYERS = 0
+
+
 def llama_logits(path: str, toks: np.ndarray, overrides=None, n_ctx: int = 1024, *, prefill: int | None = None,
                  n_ubatch: int | None = None, cache_type: int = 0, flash_attn: bool = False,
                  gather: bool = True) -> np.ndarray:
@@ -69,7 +96,6 @@ def llama_logits(path: str, toks: np.ndarray, overrides=None, n_ctx: int = 1024,
     (single-token ubatches: the decode path). n_ubatch: ubatch size of the (prefill) evals.
     cache_type: ggml type of the K/V cache (0 F32, 1 F16, 8 Q8_0). gather=False sets
     LLAMA_DSA_GATHER_MAX_TOKENS=0, i.e. the masked dense path also for decode."""
-    import os
     from llama_cpp import Llama
     n_ub = n_ubatch or n_ctx
     old = os.environ.get("LLAMA_DSA_GATHER_MAX_TOKENS")
@@ -77,7 +103,8 @@ def llama_logits(path: str, toks: np.ndarray, overrides=None, n_ctx: int = 1024,
         os.environ["LLAMA_DSA_GATHER_MAX_TOKENS"] = "0"
     try:
         llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ub, n_ubatch=n_ub, logits_all=True, verbose=False,
-                    kv_overrides=overrides, type_k=cache_type, type_v=cache_type, flash_attn=flash_attn)
+                    kv_overrides=overrides, type_k=cache_type, type_v=cache_type, flash_attn=flash_attn,
+                    n_gpu_layers=N_GPU_LAYERS)
         ids = [int(t) for t in toks]
         if prefill is None:
             llm.eval(ids)
@@ -96,9 +123,11 @@ def llama_logits(path: str, toks: np.ndarray, overrides=None, n_ctx: int = 1024,
 
 
 def main() -> int:
+    global N_GPU_LAYERS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stock_gguf")
     ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--n-gpu-layers", type=int, default=0, help="offload llama.cpp layers (CUDA builds)")
     ap.add_argument("--top-k", type=int, default=64)
     ap.add_argument("--sink", type=int, default=4)
     ap.add_argument("--local", type=int, default=16)
@@ -111,6 +140,7 @@ def main() -> int:
                     help="decode path vs masked flash-attn with an f16 cache (f16 accumulation of the FA kernel)")
     ap.add_argument("--q8-tol", type=float, default=0.2, help="same with a q8_0 cache (gather dequantizes)")
     args = ap.parse_args()
+    N_GPU_LAYERS = args.n_gpu_layers
 
     import gguf
     arch = gguf.GGUFReader(args.stock_gguf).fields["general.architecture"].contents()
@@ -125,7 +155,7 @@ def main() -> int:
     dense0 = llama_logits(dsa, toks, {key: 0})
     full = llama_logits(dsa, toks, {key: max(args.tokens, args.top_k)})
     sparse = llama_logits(dsa, toks)
-    ref = ref_logits(dsa, toks, sparse=True)
+    ref = ref_logits_isolated(dsa, toks)
 
     ok = True
     def check(name, cond, detail=""):
