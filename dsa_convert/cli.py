@@ -220,7 +220,8 @@ def inspect(
 def quantize(
     inp: Path = typer.Argument(..., help="input GGUF (F16/F32/BF16 linear weights)"),
     out: Path = typer.Argument(..., help="output .gguf"),
-    method: str = typer.Option("awq", help="awq | rtn (round-to-nearest, no calibration)"),
+    method: str = typer.Option("auto", help="auto | awq | rtn (round-to-nearest). auto: awq for q4_0/q4_1; "
+                                            "for q4_k_m rtn + --imatrix auto (measured better, RESULTS §4)"),
     qtype: str = typer.Option("q4_0", "--type", help="q4_0 | q4_1 | q4_k_m (K-quants via llama.cpp's quantizer)"),
     group_size: Optional[int] = typer.Option(None, help="clipping groups (multiple of 32); default 32 for q4_0/q4_1 "
                                                         "(one ggml block, measured best), 128 for q4_k_m"),

@@ -279,7 +279,9 @@ def test_kquant_path_keeps_dsa(tiny_dsa, calib_file, tmp_path):
                 str(calib_file), "--samples", "4", "--seq-len", "64", "--imatrix", "auto", "--json")
     assert r.returncode == 0, r.stderr
     g, g_src = GgufFile(out), GgufFile(src)
-    assert g.get("dsa.quant.method") == "awq" and g.get("dsa.quant.type") == "q4_k_m"
+    # --method auto (the default) for K-quants: RTN + an imatrix from the calibration text
+    assert g.get("dsa.quant.method") == "rtn" and g.get("dsa.quant.type") == "q4_k_m"
+    assert g.get("dsa.quant.imatrix") == "auto"
     assert g.get("general.file_type") == 15
     for name in extra:
         assert g.tensors[name].qtype == g_src.tensors[name].qtype, name
@@ -287,3 +289,19 @@ def test_kquant_path_keeps_dsa(tiny_dsa, calib_file, tmp_path):
     # 64-wide rows are not multiples of 256: llama.cpp falls back to other types, but not to F16/F32
     assert g.tensors["blk.0.ffn_up.weight"].qtype not in (QT.F16, QT.F32)
     assert not list(tmp_path.glob(".k.gguf*"))
+
+
+def test_method_auto_resolves_per_type(tiny_gguf, tmp_path):
+    from dsa_convert.quant.quantize import AUTO_METHOD, QuantOptions, validate
+
+    calib = tmp_path / "c.txt"
+    calib.write_text("x")
+    for qtype, (method, imatrix) in AUTO_METHOD.items():
+        o = QuantOptions(tiny_gguf, tmp_path / f"{qtype}.gguf", method="auto", qtype=qtype, group_size=32,
+                         calib=calib)
+        validate(o)
+        assert (o.method, o.imatrix) == (method, imatrix)
+    o = QuantOptions(tiny_gguf, tmp_path / "k.gguf", method="auto", qtype="q4_k_m", group_size=32,
+                     calib=calib, imatrix="none")
+    validate(o)
+    assert (o.method, o.imatrix) == ("rtn", "none")      # an explicit --imatrix wins

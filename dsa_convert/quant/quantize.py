@@ -37,7 +37,11 @@ from .block import LINEARS, Block
 from .calib import load_samples
 from .qformat import FORMATS, QT, TargetFormat, fake_quant_fn
 
-METHODS = ("awq", "rtn")
+METHODS = ("awq", "rtn", "auto")
+# --method auto: what measured best per type on the reference model (docs/RESULTS.md §4, 200 chunks):
+# AWQ for Q4_0/Q4_1 (ΔPPL 3.09 vs RTN 4.38); for K-quants RTN with an imatrix from the calibration text
+# (ΔPPL +1.59, = llama.cpp Q4_K_M + imatrix +1.61), because AWQ-scaled K-quants lost more (+3.92 / +4.63).
+AUTO_METHOD = {"q4_0": ("awq", None), "q4_1": ("awq", None), "q4_k_m": ("rtn", "auto")}
 _FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 _FILE_TYPES = {"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -96,6 +100,10 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
         raise BadInputError(f"unknown --type {opts.qtype!r} (choose from {', '.join(FORMATS)})")
     if opts.method not in METHODS:
         raise BadInputError(f"unknown --method {opts.method!r} (choose from {', '.join(METHODS)})")
+    if opts.method == "auto":
+        opts.method, auto_imatrix = AUTO_METHOD[opts.qtype]
+        if opts.imatrix is None:
+            opts.imatrix = auto_imatrix
     fmt = FORMATS[opts.qtype]
     if opts.group_size <= 0 or opts.group_size % 32:
         raise BadInputError(f"--group-size must be a positive multiple of 32 (got {opts.group_size})")
