@@ -7,8 +7,9 @@
 
 The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
 at a time over all calibration chunks; the hidden states and the current layer's x/q/k stay on the
-training device (on a GPU this avoids a host-to-device copy per training step). K prototypes are in the GGUF's head layout (llama q/k rows are
-permuted to GGML's interleaved RoPE), as the llama.cpp KV cache holds them.
+training device (on a GPU this avoids a host-to-device copy per training step). K prototypes are in
+the GGUF's head layout (llama q/k rows are permuted to GGML's interleaved RoPE), as the llama.cpp KV
+cache holds them.
 """
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ from typing import Callable
 
 import torch
 
-SKIP = ("attn_q", "attn_k")
+from .block import LINEAR_INPUT, LINEARS
+
+QK = ("attn_q", "attn_k")      # clipped only with clip_qk (on their own outputs)
 
 
 @torch.no_grad()
@@ -45,9 +47,7 @@ def clip_weight(w: torch.Tensor, x: torch.Tensor, fq: Callable, group: int, n_gr
 
 def auto_clip_block(blk, caps: dict[str, torch.Tensor], fq: Callable, group: int, n_tokens: int,
                     gen: torch.Generator | None = None, n_grid: int = 20, clip_qk: bool = False) -> dict:
-    inputs = {"attn_q": "attn_in", "attn_k": "attn_in"} if clip_qk else {}
-    inputs |= {"attn_v": "attn_in", "attn_output": "attn_out", "ffn_gate": "ffn_in", "ffn_up": "ffn_in",
-              "ffn_down": "ffn_mid"}
+    inputs = {n: LINEAR_INPUT[n] for n in LINEARS if clip_qk or n not in QK}
     rep = {}
     for name, key in inputs.items():
         x = caps[key].reshape(-1, caps[key].shape[-1])

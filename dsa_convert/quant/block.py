@@ -10,6 +10,9 @@ from ..kernels_ref.model import RefHParams, rms_norm
 from ..kernels_ref.rope import apply_rope, cos_sin
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# the capture (Block.forward_capture) that holds each linear's input
+LINEAR_INPUT = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_out",
+                "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_mid"}
 OPTIONAL = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
             "attn_q_norm.weight", "attn_k_norm.weight")
 

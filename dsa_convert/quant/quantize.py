@@ -32,8 +32,8 @@ from ..formats.tensor_plan import byte_shape, encode
 from ..kernels_ref.model import RefModel
 from ..progress import task
 from .auto_clip import auto_clip_block
-from .auto_scale import auto_scale_block
-from .block import LINEARS, Block
+from .auto_scale import GROUPS, auto_scale_block, o_scale_index
+from .block import LINEAR_INPUT, LINEARS, Block
 from .calib import load_samples
 from .qformat import FORMATS, QT, TargetFormat, fake_quant_fn
 
@@ -151,7 +151,6 @@ class Calibrator:
         # imatrix-weighted quantization downstream (llama-quantize --imatrix, or ggml's weighted Q4_0/Q4_1
         # writer for --imatrix auto): the search's fake quant gets the mean x² of each linear's input
         self.weighted = opts.imatrix not in (None, "none")
-        self.fq = fake_quant_fn(fmt, opts.group_size, 0, m.hp.n_layer, self.weighted)
         self.qgroup = 32 if not fmt.via_llama_cpp else opts.group_size
         self.want_imatrix = want_imatrix
         self.awq = opts.method == "awq"
@@ -203,21 +202,19 @@ class Calibrator:
                 rep["awq_mse"] = self._block_mse(blk, caps)
             if self.want_imatrix or self.weighted:
                 self.tok_per_block = caps["attn_in"].shape[0] * caps["attn_in"].shape[1]
-                for key, names in (("attn_in", ("attn_q", "attn_k", "attn_v")), ("attn_out", ("attn_output",)),
-                                   ("ffn_in", ("ffn_gate", "ffn_up")), ("ffn_mid", ("ffn_down",))):
-                    x = caps[key]
+                for grp in GROUPS:
+                    x = caps[grp.inp]
                     s2 = x.reshape(-1, x.shape[-1]).double().pow(2).sum(0).float().cpu().numpy()
-                    for n in names:
+                    for n in grp.linears:
                         self.imatrix[f"blk.{il}.{n}.weight"] = s2
             del caps
             self.h = h_next
+        linears = {g.name: g.linears for g in GROUPS}
         for grp, s in blk.scales.items():
             s = s.cpu().numpy()
             if grp == "o":
-                from .auto_scale import o_scale_index
                 s = s[o_scale_index(blk).cpu().numpy()]
-            for n in {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",),
-                      "gate_up": ("ffn_gate", "ffn_up"), "down": ("ffn_down",)}[grp]:
+            for n in linears[grp]:
                 self.col_scales[f"blk.{il}.{n}.weight"] = s
         for n, t in blk.w.items():
             suffix = ".weight" if not n.endswith(".bias") else ""
@@ -236,10 +233,8 @@ class Calibrator:
         """MSE of the block's residual update with all 7 linears fake-quantized (first sequences)."""
         n_seq = max(1, min(caps["attn_in"].shape[0], math.ceil(self.opts.search_tokens / self.opts.seq_len)))
         x = caps["attn_in"][:n_seq]
-        inp = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_out",
-               "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_mid"}
-        imp = {k: caps[k].reshape(-1, caps[k].shape[-1]).pow(2).mean(0) for k in set(inp.values())}
-        q = {n: self.fq(blk.w[n], n, imp[inp[n]]) for n in LINEARS}
+        imp = {k: caps[k].reshape(-1, caps[k].shape[-1]).pow(2).mean(0) for k in set(LINEAR_INPUT.values())}
+        q = {n: self.fq(blk.w[n], n, imp[LINEAR_INPUT[n]]) for n in LINEARS}
         o_ref = blk.attn_core(x)
         o_q = blk.attn_core(x, q["attn_q"], q["attn_k"], q["attn_v"])
         a_ref, a_q = blk.lin(o_ref, "attn_output"), blk.lin(o_q, "attn_output", q["attn_output"])
