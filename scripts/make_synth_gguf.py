@@ -36,33 +36,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_test_dsa_gguf import make_indexer_tensors  # noqa: E402
+from dsa_convert.formats.hf_config import ModelSpec, RopeSpec  # noqa: E402
 
 from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 
 
-@dataclass(frozen=True)
-class SynthShape:
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    n_ctx: int
-    rope_theta: float = 500000.0
-    rope_factor: float | None = 8.0      # llama3 rope scaling (rope_freqs.weight); None: none
-    rope_orig_ctx: int = 8192
+def _llama(name: str, n_layer: int, d: int, ff: int, n_head: int, n_head_kv: int, head_dim: int, vocab: int,
+           tied: bool, n_ctx: int, theta: float = 500000.0, llama3_factor: float | None = 8.0) -> ModelSpec:
+    """A Llama ModelSpec (the same spec `dsa convert` reads from config.json); llama3 rope scaling with
+    original ctx 8192 when llama3_factor is set (rope_freqs.weight)."""
+    rope = RopeSpec(theta=theta, dim=head_dim, scaling="llama3" if llama3_factor else "none",
+                    factor=llama3_factor or 1.0, original_ctx=8192)
+    return ModelSpec("LlamaForCausalLM", gguf.MODEL_ARCH.LLAMA, n_layer, d, ff, n_head, n_head_kv, head_dim, n_ctx,
+                     vocab, 1e-5, rope, tied, False, False, name=f"synth-{name}")
 
 
-SHAPES: dict[str, SynthShape] = {
-    "llama-3.2-1b": SynthShape(16, 2048, 8192, 32, 8, 64, 128256, True, 131072, rope_factor=32.0),
-    "llama-3.1-8b": SynthShape(32, 4096, 14336, 32, 8, 128, 128256, False, 131072, rope_factor=8.0),
+SHAPES: dict[str, ModelSpec] = {
+    "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 8192, 32, 8, 64, 128256, True, 131072, llama3_factor=32.0),
+    "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 14336, 32, 8, 128, 128256, False, 131072, llama3_factor=8.0),
     # tests: K-quant friendly row lengths (multiples of 256), small vocab and context
-    "tiny": SynthShape(2, 256, 512, 4, 2, 64, 512, True, 2048, rope_theta=10000.0, rope_factor=None),
+    "tiny": _llama("tiny", 2, 256, 512, 4, 2, 64, 512, True, 2048, theta=10000.0, llama3_factor=None),
 }
 
 
@@ -92,15 +87,6 @@ def rand_f16(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> n
     return bits.view(np.float16)
 
 
-def model_spec(name: str, s: SynthShape):
-    from dsa_convert.formats.hf_config import ModelSpec, RopeSpec
-
-    rope = RopeSpec(theta=s.rope_theta, dim=s.head_dim, scaling="llama3" if s.rope_factor else "none",
-                    factor=s.rope_factor or 1.0, original_ctx=s.rope_orig_ctx)
-    return ModelSpec("LlamaForCausalLM", gguf.MODEL_ARCH.LLAMA, s.n_layer, s.n_embd, s.n_ff, s.n_head, s.n_head_kv,
-                     s.head_dim, s.n_ctx, s.vocab, 1e-5, rope, s.tied, False, False, name=f"synth-{name}")
-
-
 def synth_vocab(n: int):
     """Minimal SentencePiece-style vocab of exactly n tokens that llama.cpp accepts."""
     from dsa_convert.formats.tokenizer import VocabSpec
@@ -116,7 +102,7 @@ def synth_vocab(n: int):
                      bos_id=1, eos_id=2, unk_id=0, add_bos=True)
 
 
-def plan(spec, s: SynthShape, o: SynthOptions):
+def plan(spec: ModelSpec, o: SynthOptions):
     """PlannedTensor list: base model in GGUF order, then the indexer (FORMAT.md §3)."""
     from dsa_convert.formats.tensor_plan import PlannedTensor, llama3_rope_factors
 
@@ -129,9 +115,9 @@ def plan(spec, s: SynthShape, o: SynthOptions):
     def ones(name: str, n: int):
         out.append(PlannedTensor(name, (n,), QT.F32, lambda: np.ones(n, np.float32)))
 
-    d, q, kv = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    mat("token_embd.weight", s.vocab, d)
-    for il in range(s.n_layer):
+    d, q, kv = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    mat("token_embd.weight", spec.vocab_size, d)
+    for il in range(spec.n_layer):
         p = f"blk.{il}."
         ones(p + "attn_norm.weight", d)
         mat(p + "attn_q.weight", q, d)
@@ -139,22 +125,22 @@ def plan(spec, s: SynthShape, o: SynthOptions):
         mat(p + "attn_v.weight", kv, d)
         mat(p + "attn_output.weight", d, q)
         ones(p + "ffn_norm.weight", d)
-        mat(p + "ffn_gate.weight", s.n_ff, d)
-        mat(p + "ffn_up.weight", s.n_ff, d)
-        mat(p + "ffn_down.weight", d, s.n_ff)
+        mat(p + "ffn_gate.weight", spec.n_ff, d)
+        mat(p + "ffn_up.weight", spec.n_ff, d)
+        mat(p + "ffn_down.weight", d, spec.n_ff)
         for suffix, a in make_indexer_tensors(rng, d, o.index_heads, o.index_dim, np.float16).items():
             qt = QT.F16 if a.dtype == np.float16 else QT.F32
             out.append(PlannedTensor(p + suffix, a.shape, qt, (lambda a=a: a)))
     ones("output_norm.weight", d)
-    if not s.tied:
-        mat("output.weight", s.vocab, d)
-    if s.rope_factor:
+    if not spec.tie_embeddings:
+        mat("output.weight", spec.vocab_size, d)
+    if spec.rope.scaling == "llama3":
         f = llama3_rope_factors(spec)
         out.append(PlannedTensor("rope_freqs.weight", f.shape, QT.F32, lambda f=f: f))
     return out
 
 
-def validate(o: SynthOptions) -> SynthShape:
+def validate(o: SynthOptions) -> ModelSpec:
     if o.shape not in SHAPES:
         raise BadInputError(f"unknown --shape {o.shape!r} (choose from {', '.join(SHAPES)})")
     if o.outtype not in ("f16", "q4_k_m"):
@@ -169,23 +155,22 @@ def validate(o: SynthOptions) -> SynthShape:
     return SHAPES[o.shape]
 
 
-def _write_f16(path: Path, o: SynthOptions, s: SynthShape) -> int:
+def _write_f16(path: Path, o: SynthOptions, spec: ModelSpec) -> int:
     from dsa_convert.dsa.config import DsaConfig
     from dsa_convert.dsa.retrofit import dsa_kv
     from dsa_convert.formats.gguf_write import add_model_keys, open_writer, stream_tensors
     from dsa_convert.formats.tokenizer import write_vocab
     from dsa_convert.progress import task
 
-    spec = model_spec(o.shape, s)
     w = open_writer(path, spec.arch_name)
     add_model_keys(w, spec, gguf.LlamaFileType.MOSTLY_F16)
-    write_vocab(w, synth_vocab(s.vocab))
+    write_vocab(w, synth_vocab(spec.vocab_size))
     cfg = DsaConfig(top_k=o.top_k, sink=o.sink, local=o.local, index_heads=o.index_heads, index_dim=o.index_dim,
                     rope_dim=o.rope_dim, cluster_num=None)
     for k, (v, vt) in dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", None).items():
         w.add_key_value(k, v, vt)
     w.add_string("dsa.synthetic", f"{o.shape} seed={o.seed} (random weights, for speed only)")
-    tensors = plan(spec, s, o)
+    tensors = plan(spec, o)
     with task(f"synth {o.shape}", len(tensors), quiet=o.quiet) as bar:
         stream_tensors(w, tensors, on_tensor=lambda t: bar.advance(1, info=t.name))
     return len(tensors)
@@ -195,19 +180,19 @@ def make(o: SynthOptions) -> dict:
     from dsa_convert.formats.atomic import atomic_output, check_output
 
     t0 = time.perf_counter()
-    s = validate(o)
+    spec = validate(o)
     check_output(o.out, o.force)
     with atomic_output(o.out) as tmp:
         if o.outtype == "f16":
-            n = _write_f16(tmp, o, s)
+            n = _write_f16(tmp, o, spec)
         else:
             from dsa_convert.quant.qformat import FORMATS
             from dsa_convert.quant.quantize import _run_llama_quantize
 
             src = tmp.parent / (tmp.name + ".f16.gguf")
             try:
-                n = _write_f16(src, o, s)
-                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16 for il in range(s.n_layer)
+                n = _write_f16(src, o, spec)
+                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16 for il in range(spec.n_layer)
                         for t in ("attn_q_b", "attn_k", "proj")}
                 _run_llama_quantize(src, tmp, FORMATS["q4_k_m"], keep, None, None)
             finally:
