@@ -1,0 +1,249 @@
+// Standalone check + timing of the CUDA radix-select top-k used by the patched ggml (issue #6).
+//
+// Includes the kernel header of the patched llama.cpp (ggml/src/ggml-cuda/top-k-radix.cuh) — the runner
+// scripts/cuda/run_topk_check.sh extracts it from patches/llama.cpp/*.patch — and checks, on random rows of
+// 4K..128K columns, 1 and 512 rows, k = 2048 (+ edge cases), that each output row is exactly
+//   {columns with value > v_k} + the lowest-index columns with value == v_k (v_k: the k-th largest value,
+//   in the kernel's total order: -0 < +0), in ascending column order,
+// against a CPU reference. Inputs: Gaussian, DSA-like (ReLU-sums with exact zeros, -1e-30*p tie-break,
+// +1e30 forced cells, -INF causal tail), heavily tied (16 levels), constant rows.
+// Then it times the new path against the old one (what ggml used for ncols > 1024 with CCCL < 3.2: CUB
+// DeviceRadixSort (1 row) / DeviceSegmentedSort (more rows, in 64 MiB chunks) + cudaMemcpy2DAsync of the
+// first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
+//   ./topk_check --quick      (fewer shapes)
+// Exit status 0 iff every check passed.
+#include "top-k-radix.cuh"
+
+#include <cub/cub.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(2); } } while (0)
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static inline uint64_t rng() { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return rng_state; }
+static inline float urand() { return (rng() >> 40) * (1.0f / 16777216.0f); }
+static inline float nrand() { float u = urand() + 1e-7f, v = urand(); return sqrtf(-2.f * logf(u)) * cosf(6.2831853f * v); }
+
+static inline uint32_t host_key(float v) {
+    uint32_t b; memcpy(&b, &v, 4);
+    return b ^ ((uint32_t) (-(int32_t) (b >> 31)) | 0x80000000u);
+}
+
+enum Kind { GAUSS, DSA, TIES, CONST };
+static const char * kind_name(Kind k) { return k == GAUSS ? "gauss" : k == DSA ? "dsa" : k == TIES ? "ties" : "const"; }
+
+static void fill(std::vector<float> & x, int ncols, int nrows, Kind kind) {
+    x.resize((size_t) ncols * nrows);
+    for (int r = 0; r < nrows; ++r) {
+        float * row = x.data() + (size_t) r * ncols;
+        const int visible = ncols - nrows + r + 1; // causal: last query row sees everything
+        for (int c = 0; c < ncols; ++c) {
+            float v;
+            switch (kind) {
+                case GAUSS: v = nrand(); break;
+                case TIES:  v = (float) (rng() % 16) - 8.0f; break;
+                case CONST: v = 0.5f; break;
+                default: {
+                    // sum_j w_j relu(q_j.k): exact zero for ~1/3 of the keys, then the mask
+                    float s = 0.f;
+                    for (int j = 0; j < 2; ++j) { float d = nrand(); s += (d > 0.f ? d : 0.f) * (0.5f + urand()); }
+                    if (rng() % 3 == 0) s = 0.f;
+                    if (c >= visible)                     v = -INFINITY;
+                    else if (c < 4 || c > visible - 64)   v = s + 1e30f;       // sinks + local window
+                    else                                  v = s + (-1e-30f * (float) c);
+                }
+            }
+            row[c] = v;
+        }
+    }
+}
+
+// expected output of one row: see the header comment
+static void reference_row(const float * row, int ncols, int k, std::vector<int> & out, std::vector<uint32_t> & keys) {
+    keys.resize(ncols);
+    for (int c = 0; c < ncols; ++c) keys[c] = host_key(row[c]);
+    std::vector<uint32_t> tmp(keys);
+    std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<uint32_t>());
+    const uint32_t thr = tmp[k - 1];
+    int n_gt = 0;
+    for (int c = 0; c < ncols; ++c) n_gt += keys[c] > thr;
+    int take_eq = k - n_gt;
+    out.clear();
+    for (int c = 0; c < ncols; ++c) {
+        if (keys[c] > thr) out.push_back(c);
+        else if (keys[c] == thr && take_eq > 0) { out.push_back(c); --take_eq; }
+    }
+}
+
+// ---- old path (ggml argsort_f32_i32_cuda_cub, descending, + copy of the first k) ----
+__global__ void init_idx(int * idx, int ncols, int nrows) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col < ncols) idx[(size_t) blockIdx.y * ncols + col] = col;
+}
+__global__ void init_off(int * off, int ncols, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n) off[i] = i * ncols;
+}
+struct OldPath {
+    int ncols, nrows, k, chunk;
+    int *idx = nullptr, *sorted = nullptr, *off = nullptr; float *keys_out = nullptr; void * tmp = nullptr; size_t tmp_bytes = 0;
+    OldPath(int ncols_, int nrows_, int k_) : ncols(ncols_), nrows(nrows_), k(k_) {
+        chunk = std::min(std::max((int) ((1 << 26) / ((size_t) ncols * 4)), 1), nrows);
+        CK(cudaMalloc(&idx, (size_t) ncols * chunk * 4)); CK(cudaMalloc(&sorted, (size_t) ncols * chunk * 4));
+        CK(cudaMalloc(&keys_out, (size_t) ncols * chunk * 4)); CK(cudaMalloc(&off, (chunk + 1) * 4));
+        size_t b1 = 0, b2 = 0;
+        CK(cub::DeviceRadixSort::SortPairsDescending(nullptr, b1, (float *) nullptr, keys_out, idx, sorted, ncols, 0, 32));
+        CK(cub::DeviceSegmentedSort::SortPairsDescending(nullptr, b2, (float *) nullptr, keys_out, idx, sorted,
+                                                         ncols * chunk, chunk, off, off + 1));
+        tmp_bytes = std::max(b1, b2); CK(cudaMalloc(&tmp, tmp_bytes));
+    }
+    ~OldPath() { cudaFree(idx); cudaFree(sorted); cudaFree(keys_out); cudaFree(off); cudaFree(tmp); }
+    void run(const float * src, int * dst, cudaStream_t s) {
+        for (int r0 = 0; r0 < nrows; r0 += chunk) {
+            const int n = std::min(chunk, nrows - r0);
+            init_idx<<<dim3((ncols + 255) / 256, n), 256, 0, s>>>(idx, ncols, n);
+            size_t b = tmp_bytes;
+            if (n == 1) {
+                CK(cub::DeviceRadixSort::SortPairsDescending(tmp, b, src + (size_t) r0 * ncols, keys_out, idx, sorted, ncols, 0, 32, s));
+            } else {
+                init_off<<<(n + 256) / 256, 256, 0, s>>>(off, ncols, n);
+                CK(cub::DeviceSegmentedSort::SortPairsDescending(tmp, b, src + (size_t) r0 * ncols, keys_out, idx, sorted,
+                                                                 ncols * n, n, off, off + 1, s));
+            }
+            CK(cudaMemcpy2DAsync(dst + (size_t) r0 * k, k * 4, sorted, ncols * 4, k * 4, n, cudaMemcpyDeviceToDevice, s));
+        }
+    }
+};
+
+static int nsm_global = 0;
+
+struct Result { bool ok; double new_us, old_us, graph_us; };
+
+static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
+    std::vector<float> h;
+    fill(h, ncols, nrows, kind);
+    float * d_src; int * d_dst; void * d_scr;
+    CK(cudaMalloc(&d_src, h.size() * 4));
+    CK(cudaMalloc(&d_dst, (size_t) nrows * k * 4));
+    const int bpr = topk_radix_blocks_per_row(ncols, nrows, nsm_global);
+    CK(cudaMalloc(&d_scr, topk_radix_scratch_bytes(nrows, bpr)));
+    CK(cudaMemcpy(d_src, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+    std::vector<int> got((size_t) nrows * k);
+    auto check = [&](const char * what) -> bool {
+        CK(cudaMemcpy(got.data(), d_dst, got.size() * 4, cudaMemcpyDeviceToHost));
+        std::vector<int> ref; std::vector<uint32_t> keys;
+        int bad_rows = 0;
+        for (int r = 0; r < nrows; ++r) {
+            reference_row(h.data() + (size_t) r * ncols, ncols, k, ref, keys);
+            if (memcmp(ref.data(), got.data() + (size_t) r * k, (size_t) k * 4) != 0) {
+                if (bad_rows < 3) {
+                    // distinguish "same set, other tie pick/order" from a wrong set (for the report)
+                    std::vector<int> g(got.begin() + (size_t) r * k, got.begin() + (size_t) (r + 1) * k);
+                    std::sort(g.begin(), g.end());
+                    bool inrange = true; for (int c : g) inrange &= c >= 0 && c < ncols;
+                    uint64_t sg = 0, sr = 0;
+                    if (inrange) for (int i = 0; i < k; ++i) { sg += keys[g[i]]; sr += keys[ref[i]]; }
+                    fprintf(stderr, "  MISMATCH %s row %d: same set after sort: %s; same key multiset: %s\n", what, r,
+                            g == ref ? "yes" : "no", inrange && sg == sr ? "maybe" : "no");
+                }
+                ++bad_rows;
+            }
+        }
+        if (bad_rows) fprintf(stderr, "  %s: %d/%d rows wrong\n", what, bad_rows, nrows);
+        return bad_rows == 0;
+    };
+
+    Result res{true, 0, 0, 0};
+    CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
+    CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s));
+    CK(cudaStreamSynchronize(s));
+    res.ok = check("stream");
+
+    // the same launch captured into a CUDA graph (as ggml's CUDA graphs do), replayed twice
+    cudaGraph_t g; cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
+    CK(cudaGraphLaunch(ge, s)); CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+    res.ok = check("graph") && res.ok;
+
+    if (timing) {
+        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        const int reps = nrows == 1 ? 200 : 10;
+        float ms;
+        CK(cudaEventRecord(e0, s));
+        for (int i = 0; i < reps; ++i) CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s));
+        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
+        res.new_us = 1000.0 * ms / reps;
+        CK(cudaEventRecord(e0, s));
+        for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
+        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
+        res.graph_us = 1000.0 * ms / reps;
+        {
+            OldPath old(ncols, nrows, k);
+            old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
+            CK(cudaEventRecord(e0, s));
+            for (int i = 0; i < reps; ++i) old.run(d_src, d_dst, s);
+            CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
+            res.old_us = 1000.0 * ms / reps;
+        }
+        CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    }
+    CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(s));
+    CK(cudaFree(d_src)); CK(cudaFree(d_dst)); CK(cudaFree(d_scr));
+    return res;
+}
+
+int main(int argc, char ** argv) {
+    bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+    int dev = 0; CK(cudaGetDevice(&dev));
+    cudaDeviceProp p; CK(cudaGetDeviceProperties(&p, dev));
+    nsm_global = p.multiProcessorCount;
+    printf("device: %s, %d SMs\n", p.name, nsm_global);
+    bool all_ok = true;
+
+    // edge cases (correctness only)
+    struct E { int ncols, nrows, k; Kind kind; } edges[] = {
+        {1025, 1, 1, GAUSS}, {1025, 3, 1025, GAUSS}, {5000, 7, 7, TIES}, {4096, 2, 2048, CONST},
+        {70001, 5, 2048, TIES}, {131072, 1, 2048, CONST}, {33333, 9, 4000, DSA}, {2049, 1, 2048, DSA}, {2500, 600, 2048, DSA},
+    };
+    for (const E & e : edges) {
+        Result r = run_case(e.ncols, e.nrows, e.k, e.kind, false);
+        printf("edge  ncols=%6d nrows=%3d k=%5d %-5s : %s\n", e.ncols, e.nrows, e.k, kind_name(e.kind), r.ok ? "ok" : "FAIL");
+        all_ok &= r.ok;
+    }
+
+    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s\n", "kind", "ncols", "nrows", "k", "ok", "old_us", "new_us", "graph_us", "speedup");
+    std::vector<int> cols = quick ? std::vector<int>{4096, 65536} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
+    for (Kind kind : {DSA, GAUSS, TIES}) {
+        for (int nrows : {1, 512}) {
+            for (int ncols : cols) {
+                if (kind != DSA && (ncols == 16384 || ncols == 32768)) continue;
+                Result r = run_case(ncols, nrows, 2048, kind, true);
+                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx\n", kind_name(kind), ncols, nrows, 2048,
+                       r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us);
+                fflush(stdout);
+                all_ok &= r.ok;
+            }
+        }
+    }
+    printf("%s\n", all_ok ? "ALL OK" : "SOME CHECKS FAILED");
+    return all_ok ? 0 : 1;
+}
