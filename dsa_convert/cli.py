@@ -137,7 +137,8 @@ def eval_cmd(
     ppl: str = typer.Option("wikitext2", "--ppl", help="dataset name (wikitext2) or a text file"),
     backend: str = typer.Option("llama.cpp", help="llama.cpp | torch"),
     attn: Optional[str] = typer.Option(None, help="dense | sparse (| local | random | oracle with torch)"),
-    kv: str = typer.Option("f16", help="KV cache: f16 | q8_0 | q4_0 (| f32 | asq)"),
+    kv: str = typer.Option("f16", help="KV cache: f16 | f32 | q8_0 | q4_0 (these two need --flash-attn) | asq "
+                                      "(the file's ASQ prototypes, sparse runs; llama.cpp and torch)"),
     ctx: int = typer.Option(512, help="context length (chunk size)"),
     chunks: Optional[int] = typer.Option(None, help="evaluate only the first N chunks"),
     top_k: Optional[int] = typer.Option(None, help="override the file's top-k"),
@@ -263,7 +264,8 @@ def bench(
     gen: int = typer.Option(128, help="tokens decoded one at a time after the prefill"),
     attn: str = typer.Option("sparse,dense", help="sparse | dense | sparse,dense"),
     n_gpu_layers: int = typer.Option(999, help="layers offloaded to the GPU (CUDA builds)"),
-    kv: str = typer.Option("f16", help="KV cache type: f16 | q8_0 | q4_0"),
+    kv: str = typer.Option("f16", help="KV cache type of the sparse runs: f16 | q8_0 | q4_0 (need --flash-attn) | asq "
+                                      "(the file's ASQ prototypes); dense runs use f16 with --kv asq"),
     batch: int = typer.Option(512, help="prefill batch (n_batch = n_ubatch)"),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)"),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),

@@ -12,6 +12,13 @@
 #   bench     dsa bench on a synthetic llama-3.2-1b-shape Q4_K_M file (scripts/make_synth_gguf.py),
 #             contexts $BENCH_CTX (default 4096,16384,32768), sparse and dense, flash attention off
 #             (the quick build has no FA kernels), results appended to $BENCH_JSONL as they finish (issue 6)
+#   asq       scripts/bench_kv.py on the reference DSA file ($DSA_FILE, default WORK/ref-dsa.gguf; tokenizer dir
+#             $TOK, default the model dir), every layer on the GPU: KV bytes as allocated and PPL for
+#             f16 / q8_0 / q4_0 / ASQ, llama.cpp's ASQ PPL vs kernels_ref (torch on the GPU)          (issue 7)
+#   asqspeed  decode speed with the ASQ cache vs a q4_0 cache at 64K on the synthetic 1B shape with random
+#             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on                     (issue 7)
+#   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
+#             1B (and, with SPEED_8B=1, 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #   indexer   scripts/bench_dsa_quality.py at ctx 1024 / K 256 and 2048 / K 256 with 8 and 16
 #             indexer heads (issue 3's remaining gap to the oracle)
 #
@@ -25,7 +32,7 @@ STEPS=${*:-build retrofit runtime quant}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$REPO:${PYTHONPATH:-} DSA_SHARED=$SHARED \
-       DSA_WIKITEXT2=$SHARED/data/wikitext-2-raw/wiki.test.raw
+       DSA_WIKITEXT2=${DSA_WIKITEXT2:-$SHARED/data/wikitext-2-raw/wiki.test.raw}
 MODEL=$SHARED/models/ref-llama-27m
 CALIB=$SHARED/data/calib/books-calib.txt
 dsa() { python3 -m dsa_convert.cli "$@"; }
@@ -38,7 +45,7 @@ for step in $STEPS; do
   build)
     if ! dsa backend info --json 2>/dev/null | grep -q '"cuda": true'; then
       s=$(date +%s)
-      dsa backend build --cuda --no-build-isolation --sdist "$SDIST" --cmake-arg=-DGGML_CUDA_FA=OFF \
+      dsa backend build --cuda --no-build-isolation --sdist "$SDIST" --cmake-arg=-DGGML_CUDA_FA=${CUDA_FA:-ON} \
         > "$WORK/build.log" 2>&1 || { tail -50 "$WORK/build.log"; exit 1; }
       echo "build seconds: $(( $(date +%s) - s ))" | tee -a "$WORK/build.log"
     fi
@@ -70,6 +77,34 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     dsa bench "$WORK/synth-1b-q4_k_m.gguf" --ctx "${BENCH_CTX:-4096,16384,32768}" --gen 32 --no-flash-attn \
       --n-gpu-layers 999 --jsonl "${BENCH_JSONL:-$WORK/bench.jsonl}" --json > "$WORK/bench.json" || true
     cat "${BENCH_JSONL:-$WORK/bench.jsonl}" ;;
+  asq)
+    [ -s "$WORK/kv.md" ] || python3 scripts/bench_kv.py --dsa "${DSA_FILE:-$WORK/ref-dsa.gguf}" --tokenizer "${TOK:-$MODEL}" \
+      --ctx 2048 --chunks 4 --n-gpu-layers 99 --ref-device cuda --json "$WORK/kv.json" > "$WORK/kv.md"
+    cat "$WORK/kv.md" ;;
+  asqspeed)
+    [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
+      --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    for kv in q4_0 asq; do
+      dsa bench "$WORK/synth-1b-asq.gguf" --ctx 65536 --gen 32 --attn sparse --kv $kv --flash-attn --n-gpu-layers 999 \
+        --force --jsonl "$WORK/asqspeed.jsonl" > /dev/null || true
+    done
+    cat "$WORK/asqspeed.jsonl" ;;
+  speed)
+    [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
+      --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    files=("$WORK/synth-1b-asq.gguf")
+    if [ "${SPEED_8B:-0}" = 1 ]; then
+      [ -f "$WORK/synth-8b.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-8b.gguf" --shape llama-3.1-8b \
+        --outtype q4_k_m --quiet
+      files+=("$WORK/synth-8b.gguf")
+    fi
+    for f in "${files[@]}"; do
+      for c in $(echo "${SPEED_CTX:-16384,65536,131072}" | tr , ' '); do
+        dsa bench "$f" --ctx $c --gen 32 --attn sparse,dense --kv f16 --flash-attn --n-gpu-layers 999 --force \
+          --jsonl "$WORK/speed.jsonl" > /dev/null || true
+      done
+    done
+    cat "$WORK/speed.jsonl" ;;
   indexer)
     for h in 8 16; do
       [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \

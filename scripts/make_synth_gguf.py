@@ -72,6 +72,7 @@ class SynthOptions:
     sink: int = 4
     local: int = 64
     outtype: str = "f16"
+    asq: int = 0                      # C > 0: random ASQ prototypes (C per layer, KV head, K/V), b 4, pre-RoPE keys
     seed: int = 0
     force: bool = False
     quiet: bool = False
@@ -131,6 +132,11 @@ def plan(spec: ModelSpec, o: SynthOptions):
         for suffix, a in make_indexer_tensors(rng, d, o.index_heads, o.index_dim, np.float16).items():
             qt = QT.F16 if a.dtype == np.float16 else QT.F32
             out.append(PlannedTensor(p + suffix, a.shape, qt, (lambda a=a: a)))
+        if o.asq:
+            # ggml {head_dim, C, n_head_kv} -> numpy (n_head_kv, C, head_dim); F32 as FORMAT.md §3 says
+            for t in ("asq_k_proto", "asq_v_proto"):
+                a = (0.5 * rng.standard_normal((spec.n_head_kv, o.asq, spec.head_dim))).astype(np.float32)
+                out.append(PlannedTensor(p + "dsa." + t, a.shape, QT.F32, (lambda a=a: a)))
     ones("output_norm.weight", d)
     if not spec.tie_embeddings:
         mat("output.weight", spec.vocab_size, d)
@@ -149,6 +155,8 @@ def validate(o: SynthOptions) -> ModelSpec:
         raise BadInputError("--index-heads and --index-dim must be > 0")
     if o.rope_dim % 2 or not 0 <= o.rope_dim <= o.index_dim:
         raise BadInputError(f"--rope-dim must be even and <= --index-dim (got {o.rope_dim})")
+    if not 0 <= o.asq <= 256:
+        raise BadInputError(f"--asq must be between 0 and 256 prototypes (got {o.asq})")
     if o.top_k <= 0 or o.sink < 0 or o.local < 1 or o.sink + o.local > o.top_k:
         raise BadInputError(f"need top_k > 0, sink >= 0, local >= 1, sink + local <= top_k "
                             f"(got {o.top_k}, {o.sink}, {o.local})")
@@ -166,8 +174,8 @@ def _write_f16(path: Path, o: SynthOptions, spec: ModelSpec) -> int:
     add_model_keys(w, spec, gguf.LlamaFileType.MOSTLY_F16)
     write_vocab(w, synth_vocab(spec.vocab_size))
     cfg = DsaConfig(top_k=o.top_k, sink=o.sink, local=o.local, index_heads=o.index_heads, index_dim=o.index_dim,
-                    rope_dim=o.rope_dim, cluster_num=None)
-    for k, (v, vt) in dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", None).items():
+                    rope_dim=o.rope_dim, cluster_num=o.asq or None, residual_bits=4)
+    for k, (v, vt) in dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", "pre_rope" if o.asq else None).items():
         w.add_key_value(k, v, vt)
     w.add_string("dsa.synthetic", f"{o.shape} seed={o.seed} (random weights, for speed only)")
     tensors = plan(spec, o)
@@ -213,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sink", type=int, default=4, help="S: sink positions")
     ap.add_argument("--local", type=int, default=None, help="L: local window (default min(64, K - S))")
     ap.add_argument("--outtype", default="f16", help="f16 | q4_k_m")
+    ap.add_argument("--asq", type=int, default=0, help="C > 0: add random ASQ KV prototypes (b 4, pre-RoPE keys)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="overwrite OUTPUT")
     ap.add_argument("--quiet", action="store_true", help="no progress output")
@@ -220,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     rope_dim = a.rope_dim if a.rope_dim is not None else min(32, a.index_dim - a.index_dim % 2)
     local = a.local if a.local is not None else max(1, min(64, a.top_k - a.sink))
     o = SynthOptions(a.output, a.shape, a.top_k, a.index_heads, a.index_dim, rope_dim, a.sink, local,
-                     a.outtype.lower(), a.seed, a.force, a.quiet)
+                     a.outtype.lower(), a.asq, a.seed, a.force, a.quiet)
     try:
         r = make(o)
     except DsaError as e:

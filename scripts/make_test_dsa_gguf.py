@@ -41,7 +41,7 @@ def _is_dsa_key(key: str, arch: str) -> bool:
 
 
 def _is_indexer_tensor(name: str) -> bool:
-    return name.startswith("blk.") and ".indexer." in name
+    return name.startswith("blk.") and (".indexer." in name or ".dsa.asq_" in name)
 
 
 def parse_layers(spec: str | None, n_layer: int) -> list[int]:
@@ -90,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--norm-eps", type=float, default=1e-6, help="eps of the indexer key LayerNorm")
     ap.add_argument("--layers", default="all", help="layers with an indexer: 'all' or e.g. '0,2-4'")
     ap.add_argument("--dtype", choices=("f32", "f16"), default="f32", help="dtype of the indexer matrices")
+    ap.add_argument("--asq", type=int, default=0, help="C > 0: random ASQ KV prototypes on every layer (FORMAT.md §6)")
+    ap.add_argument("--asq-bits", type=int, choices=(4, 8), default=4, help="ASQ residual bits")
+    ap.add_argument("--asq-key-space", choices=("pre_rope", "post_rope"), default="pre_rope")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if not 0 <= args.asq <= 256:
+        ap.error("--asq must be between 0 and 256")
 
     if args.rope_dim % 2 or args.rope_dim > args.dim:
         ap.error("--rope-dim must be even and <= --dim")
@@ -133,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     writer.add_key_value(f"{arch}.dsa.indexer.rope_dim", args.rope_dim, u32)
     writer.add_key_value(f"{arch}.dsa.indexer.norm_eps", float(args.norm_eps), gguf.GGUFValueType.FLOAT32)
     writer.add_key_value(f"{arch}.dsa.split_source", "user", gguf.GGUFValueType.STRING)
+    if args.asq:
+        writer.add_key_value(f"{arch}.dsa.asq.cluster_num", args.asq, u32)
+        writer.add_key_value(f"{arch}.dsa.asq.residual_bits", args.asq_bits, u32)
+        writer.add_key_value(f"{arch}.dsa.asq.key_space", args.asq_key_space, gguf.GGUFValueType.STRING)
 
     # 3. copy the tensors (minus old indexer tensors) and add the random indexer
     for t in reader.tensors:
@@ -151,6 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     for il in layers:
         for suffix, arr in make_indexer_tensors(rng, n_embd, args.heads, args.dim, mat_dtype).items():
             writer.add_tensor(f"blk.{il}.{suffix}", arr)
+    if args.asq:
+        n_head = int(_field_value(reader.fields[f"{arch}.attention.head_count"]))
+        kvf = reader.fields.get(f"{arch}.attention.head_count_kv")
+        n_head_kv = int(_field_value(kvf)) if kvf is not None else n_head
+        kl, vl = reader.fields.get(f"{arch}.attention.key_length"), reader.fields.get(f"{arch}.attention.value_length")
+        hd_k = int(_field_value(kl)) if kl is not None else n_embd // n_head
+        hd_v = int(_field_value(vl)) if vl is not None else hd_k
+        for il in range(n_layer):   # every layer: llama.cpp uses the ASQ cache only when all layers have prototypes
+            for t, hd in (("asq_k_proto", hd_k), ("asq_v_proto", hd_v)):
+                # ggml {head_dim, C, n_head_kv} <- numpy (n_head_kv, C, head_dim)
+                writer.add_tensor(f"blk.{il}.dsa.{t}", (0.5 * rng.standard_normal((n_head_kv, args.asq, hd))).astype(np.float32))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -44,7 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def ref_logits(path: str, toks: np.ndarray, sparse: bool) -> np.ndarray:
+def ref_logits(path: str, toks: np.ndarray, sparse: bool, kv: str = "f32") -> np.ndarray:
+    """kernels_ref logits (float32). kv="asq": K/V through the file's ASQ prototypes (FORMAT.md §6), as the
+    patched llama.cpp's compressed cache stores them (sparse attention with the file's settings)."""
     import gguf
     import torch
     from dsa_convert.kernels_ref.indexer import IndexerWeights, indexer_scores
@@ -52,6 +54,15 @@ def ref_logits(path: str, toks: np.ndarray, sparse: bool) -> np.ndarray:
     from dsa_convert.kernels_ref.selection import select_tokens
 
     m = RefModel.from_gguf(path)
+    if kv != "f32":
+        from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf
+        from dsa_convert.kernels_ref.sparse_attention import DsaAttention
+
+        st = dsa_settings_from_gguf(m)
+        hook = DsaAttention(scale=m.hp.kq_scale, attn="sparse" if sparse else "dense", kv=kv, top_k=st["top_k"],
+                            sink=st["sink"], local=st["local"], indexers=st["indexers"], asq_protos=st["asq_protos"],
+                            residual_bits=st["residual_bits"], key_space=st["key_space"], rope_keys=m.rope_keys)
+        return m.forward(torch.tensor(toks), attention=hook).double().numpy()
     if not sparse:
         return m.forward(torch.tensor(toks)).double().numpy()
     r = gguf.GGUFReader(path)

@@ -128,7 +128,9 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--ctx", "64,abc"], "not an integer"),
     (["--ctx", "4096"], "exceeds the model's trained context 2048"),
     (["--attn", "sparse,oracle"], "unknown --attn 'oracle'"),
-    (["--kv", "asq"], "unknown --kv"),
+    (["--kv", "int3"], "unknown --kv"),
+    (["--kv", "asq"], "no ASQ prototypes"),
+    (["--kv", "q4_0", "--no-flash-attn"], "flash attention"),
     (["--gen", "0"], "--gen must be > 0"),
 ])
 def test_bench_bad_options(tiny, tmp_path, args, needle):

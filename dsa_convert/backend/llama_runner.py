@@ -11,7 +11,22 @@ import numpy as np
 from ..errors import BadInputError, DsaError
 from .runtime import import_llama_cpp
 
-KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "asq": 1}
+# "asq": the patched llama.cpp's compressed cache (docs/FORMAT.md section 6) for K and/or V, where the file has
+# ASQ prototypes (the part without prototypes stays f16). Every other type switches that cache off with the
+# kv override {arch}.dsa.asq.cache = false, so the requested type is what llama.cpp allocates.
+QUANTIZED_V = ("q4_0", "q8_0")      # llama.cpp allocates a quantized V cache only with flash attention
+
+
+def asq_cache_override(path: Path) -> dict:
+    """{"<arch>.dsa.asq.cache": False} for `path` (ignored by llama.cpp where the file has no DSA indexer)."""
+    from ..formats.gguf_read import GgufFile
+
+    g = GgufFile(path)
+    try:
+        return {f"{g.arch}.dsa.asq.cache": False}
+    finally:
+        g.close()
 
 
 @dataclass
@@ -49,13 +64,19 @@ def open_model(path: Path, opts: RunnerOptions):
         raise BadInputError(f"file not found: {path}")
     if opts.kv_type not in KV_TYPES:
         raise BadInputError(f"llama.cpp backend: unsupported KV type {opts.kv_type!r} (choose from {', '.join(KV_TYPES)})")
+    if opts.kv_type in QUANTIZED_V and not opts.flash_attn:
+        raise BadInputError(f"KV type {opts.kv_type} quantizes the V cache, which llama.cpp allocates only with flash "
+                            "attention: add --flash-attn")
     kvt = KV_TYPES[opts.kv_type]
+    overrides = dict(opts.kv_overrides or {})
+    if opts.kv_type != "asq":
+        overrides = {**asq_cache_override(path), **overrides}
     try:
         with _quiet_stderr(not opts.verbose):
             return lc.Llama(
                 model_path=str(path), n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_batch,
                 n_gpu_layers=opts.n_gpu_layers, flash_attn=opts.flash_attn, type_k=kvt, type_v=kvt,
-                kv_overrides=opts.kv_overrides or None, logits_all=opts.logits_all,
+                kv_overrides=overrides or None, logits_all=opts.logits_all,
                 n_threads=opts.n_threads or (os.cpu_count() or 1),
                 n_threads_batch=opts.n_threads or (os.cpu_count() or 1), verbose=opts.verbose)
     except ValueError as e:  # llama-cpp-python raises ValueError("Failed to load model from file: …")

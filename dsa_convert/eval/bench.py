@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
-from ..backend.llama_runner import KV_TYPES, RunnerOptions, open_model
+from ..backend.llama_runner import KV_TYPES, QUANTIZED_V, RunnerOptions, open_model
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
 from ..progress import task
@@ -94,6 +94,9 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         raise BadInputError(f"--n-gpu-layers must be >= 0 (got {o.n_gpu_layers})")
     if o.kv not in KV_TYPES:
         raise BadInputError(f"unknown --kv {o.kv!r} (choose from {', '.join(KV_TYPES)})")
+    if o.kv in QUANTIZED_V and not o.flash_attn:
+        raise BadInputError(f"--kv {o.kv} quantizes the V cache, which llama.cpp allocates only with flash attention: "
+                            "drop --no-flash-attn")
     for m in o.attn:
         if m not in ATTN_MODES:
             raise BadInputError(f"unknown --attn {m!r} (choose from sparse, dense)")
@@ -105,7 +108,7 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         arch = g.arch
         n_train = g.get(f"{arch}.context_length")
         n_train = int(n_train) if n_train is not None else None
-        over = {m: dsa_overrides(g, m, None)[0] for m in o.attn}
+        over = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16")[0] for m in o.attn}
         top_k = g.get(f"{arch}.attention.indexer.top_k")
     finally:
         g.close()

@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backend.llama_log import capture_log, parse_kv_log
 from ..backend.llama_runner import RunnerOptions, eval_logits, open_model, tokenize
+from ..backend.runtime import import_llama_cpp
 from ..errors import BadInputError
 from ..formats.gguf_read import GgufFile
 from ..progress import task
@@ -28,12 +30,18 @@ class LlamaPplOptions:
     quiet: bool = False
 
 
-def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None) -> tuple[dict, dict]:
+def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None, kv: str = "f16") -> tuple[dict, dict]:
     """kv_overrides for the per-run switch, and what the run will use."""
     arch = g.arch
     key = f"{arch}.attention.indexer.top_k"
     file_k = g.get(key)
     has_indexer = file_k is not None
+    if kv == "asq":
+        if g.get(f"{arch}.dsa.asq.residual_bits") is None:
+            raise BadInputError(f"--kv asq: {g.path.name} has no ASQ prototypes (convert with `dsa convert --cluster-num C`)")
+        if attn == "dense" or (top_k is None and not file_k):
+            raise BadInputError("--kv asq runs with sparse attention only (the compressed cache is part of llama.cpp's "
+                                "DSA cache); use --top-k >= --ctx for attention over every key")
     if attn == "sparse" and not has_indexer:
         raise BadInputError(f"{g.path.name} has no DSA indexer; --attn sparse needs a file from `dsa convert` with DSA")
     if top_k is not None and not has_indexer:
@@ -52,10 +60,15 @@ def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None) -> tuple[dic
 
 def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
     g = GgufFile(path)
-    ov, mode = dsa_overrides(g, o.attn, o.top_k)
-    g.close()
-    llm = open_model(path, RunnerOptions(n_ctx=o.ctx, n_batch=o.batch or o.ctx, n_gpu_layers=o.n_gpu_layers,
-                                         flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=ov))
+    try:
+        ov, mode = dsa_overrides(g, o.attn, o.top_k, o.kv)
+    finally:
+        g.close()
+    lc = import_llama_cpp()
+    with capture_log(lc) as log:
+        llm = open_model(path, RunnerOptions(n_ctx=o.ctx, n_batch=o.batch or o.ctx, n_gpu_layers=o.n_gpu_layers,
+                                             flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=ov))
+    kvlog = parse_kv_log("".join(log))
     add_bos = bool(llm._model.add_bos_token()) if hasattr(llm, "_model") else False
     bos = llm.token_bos()
     tokens = tokenize(llm, text, add_bos=add_bos)
@@ -74,4 +87,8 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
             "attn": mode["attn"], "kv": o.kv, "top_k": mode["top_k"], "backend": "llama.cpp",
             "device": "cuda" if (o.n_gpu_layers and llama_cpp.llama_supports_gpu_offload()) else "cpu",
             "flash_attn": o.flash_attn, "n_gpu_layers": o.n_gpu_layers, "file": str(path),
-            "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk}
+            "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk,
+            "kv_k_type": kvlog.k_type, "kv_v_type": kvlog.v_type, "kv_bytes": kvlog.kv_bytes, "kv_cells": kvlog.cells,
+            "kv_bytes_per_token": round(kvlog.kv_bytes / kvlog.cells, 2) if kvlog.cells else None,
+            "kv_main_bytes": kvlog.parts.get("main", 0), "kv_indexer_bytes": kvlog.parts.get("indexer", 0),
+            "kv_bytes_source": "llama.cpp log: llama_kv_cache size lines (MiB, 2 decimals)"}

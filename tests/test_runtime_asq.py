@@ -1,0 +1,115 @@
+"""ASQ compressed KV cache in the patched llama.cpp (issue #7): a DSA GGUF with ASQ prototypes runs with a
+K/V cache of prototype ids + low-bit residuals (docs/FORMAT.md section 6), encoded on write and decoded on
+read (all rows on the prefill path, only the selected rows on the decode path). It must match kernels_ref's
+ASQ math, really be compressed (llama.cpp allocates I8 rows of 3 + head_dim*b/8 bytes per KV head), and
+switch back to the ordinary cache types per run."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny_model, requires_backend
+from test_convert_errors import assert_clean_failure, run_dsa
+
+REPO = Path(__file__).resolve().parents[1]
+TOPK, SINK, LOCAL, N, PREFILL, C = 24, 2, 6, 72, 20, 16
+
+
+def _verify_module():
+    spec = importlib.util.spec_from_file_location("verify_dsa_patch", REPO / "scripts" / "verify_dsa_patch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module", params=[("mistral-gqa", "pre_rope", 4), ("qwen3-qknorm-headdim", "post_rope", 8)],
+                ids=["gqa-pre_rope-b4", "qwen3-post_rope-b8"])
+def tiny_asq(request, tmp_path_factory):
+    """(stock gguf, DSA gguf with random indexer + ASQ prototypes on every layer, arch, key space, bits)."""
+    from dsa_convert.convert import ConvertOptions, convert
+
+    kind, key_space, bits = request.param
+    root = tmp_path_factory.mktemp("asq")
+    plain, dsa = root / "plain.gguf", root / "dsa.gguf"
+    convert(ConvertOptions(make_tiny_model(root / "m", kind), plain, outtype="f32", quiet=True))
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_dsa_gguf.py"), str(plain), str(dsa),
+                    "--heads", "2", "--dim", "32", "--rope-dim", "16", "--top-k", str(TOPK), "--sink", str(SINK),
+                    "--local", str(LOCAL), "--asq", str(C), "--asq-bits", str(bits), "--asq-key-space", key_space],
+                   check=True, capture_output=True)
+    from dsa_convert.formats.gguf_read import GgufFile
+
+    g = GgufFile(dsa)
+    arch = g.arch
+    g.close()
+    return plain, dsa, arch, key_space, bits
+
+
+@requires_backend
+def test_asq_cache_matches_kernels_ref_prefill_and_decode(tiny_asq):
+    plain, dsa, arch, _, _ = tiny_asq
+    v = _verify_module()
+    toks = np.random.default_rng(5).integers(3, 320, N)
+    ref = v.ref_logits(str(dsa), toks, sparse=True, kv="asq")
+    ref_plain_kv = v.ref_logits(str(dsa), toks, sparse=True)
+    one_batch = v.llama_logits(str(dsa), toks, n_ctx=128)                  # ASQ: the file has prototypes
+    decode = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL)    # gather path: selected rows decoded
+    off = v.llama_logits(str(dsa), toks, n_ctx=128, overrides={f"{arch}.dsa.asq.cache": False})
+    scale = ref.max() - ref.min()
+    # the ASQ round trip changes the logits far beyond float noise, and llama.cpp follows kernels_ref's ASQ math
+    assert np.abs(ref - ref_plain_kv).max() / scale > 1e-3
+    assert np.abs(one_batch - ref).max() / scale < 2e-4
+    assert np.abs(decode - ref).max() / scale < 2e-4
+    # the per-run switch gives back the ordinary (here f32) cache: kernels_ref without ASQ
+    assert np.abs(off - ref_plain_kv).max() / scale < 1e-4
+
+
+def _eval(*args) -> dict:
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", *args, "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@requires_backend
+def test_eval_kv_bytes_as_allocated(tiny_asq, tmp_path):
+    plain, dsa, arch, _, bits = tiny_asq
+    from dsa_convert.formats.gguf_read import GgufFile
+
+    g = GgufFile(dsa)
+    n_layer, n_head_kv = int(g.get(f"{arch}.block_count")), int(g.get(f"{arch}.attention.head_count_kv"))
+    hd = int(g.get(f"{arch}.attention.key_length") or g.get(f"{arch}.embedding_length") // g.get(f"{arch}.attention.head_count"))
+    g.close()
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"w{i % 97}" for i in range(20000)))
+    ctx = 2048
+    asq = _eval(str(dsa), "--ppl", str(text), "--ctx", str(ctx), "--chunks", "1", "--kv", "asq")
+    f16 = _eval(str(dsa), "--ppl", str(text), "--ctx", str(ctx), "--chunks", "1", "--kv", "f16")
+    assert asq["kv_k_type"] == "i8" and asq["kv_v_type"] == "i8" and f16["kv_k_type"] == "f16"
+    vec = 3 + hd * bits // 8                                  # FORMAT.md §6: code + f16 scale + residual
+    want_main = 2 * n_layer * n_head_kv * vec                 # K + V bytes per token
+    # llama.cpp logs the cache size in MiB with 2 decimals: exact to 0.005 MiB
+    tol = 0.005 * 2**20 + 1
+    assert abs(asq["kv_main_bytes"] - want_main * asq["kv_cells"]) <= tol, (asq["kv_main_bytes"], want_main)
+    assert abs(f16["kv_main_bytes"] - 2 * n_layer * n_head_kv * 2 * hd * f16["kv_cells"]) <= tol
+    assert asq["kv_bytes_per_token"] < f16["kv_bytes_per_token"]
+    assert abs(asq["ppl"] / f16["ppl"] - 1) < 0.2 and asq["ppl"] != f16["ppl"]
+
+
+@requires_backend
+def test_kv_switch_errors(tiny_asq, tmp_path):
+    plain, dsa, _, _, _ = tiny_asq
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 500)
+    # a quantized V cache needs flash attention in llama.cpp: say so instead of a load failure
+    no_out = tmp_path / "no-output"            # eval writes no file; the helper checks none appeared
+    assert_clean_failure(run_dsa("eval", str(dsa), "--ppl", str(text), "--ctx", "128", "--kv", "q4_0"), no_out, "flash")
+    # ASQ needs prototypes, and the sparse (DSA) cache
+    assert_clean_failure(run_dsa("eval", str(plain), "--ppl", str(text), "--ctx", "128", "--kv", "asq"), no_out,
+                         "prototypes")
+    assert_clean_failure(run_dsa("eval", str(dsa), "--ppl", str(text), "--ctx", "128", "--kv", "asq",
+                                 "--attn", "dense"), no_out, "sparse")
