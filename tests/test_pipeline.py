@@ -153,6 +153,18 @@ def test_input_change_and_output_tamper_rerun(tiny, tmp_path, stub_ro):
     assert set(statuses(run(toml, ro=stub_ro, quiet=True)).values()) == {"ok"}
 
 
+def test_eval_dataset_change_reruns_eval(tiny, tmp_path, stub_ro, monkeypatch):
+    """`ppl = "wikitext2"` resolves through $DSA_WIKITEXT2 etc.; the resolved file is part of the step's hash."""
+    text = tmp_path / "wiki.test.raw"
+    text.write_text("some text\n" * 100)
+    monkeypatch.setenv("DSA_WIKITEXT2", str(text))
+    toml = write_toml(tmp_path / "p.toml", tiny, eval_opts=', ppl = "wikitext2"')
+    assert set(statuses(run(toml, ro=stub_ro, quiet=True)).values()) == {"ok"}
+    assert set(statuses(run(toml, ro=stub_ro, quiet=True)).values()) == {"skipped"}
+    text.write_text("other text\n" * 100)
+    assert statuses(run(toml, ro=stub_ro, quiet=True)) == {"tiny/base": "skipped", "tiny/q": "skipped", "tiny/ppl": "ok"}
+
+
 def test_failing_step_stops_model_and_pipeline(tiny, tmp_path, stub_ro):
     toml = write_toml(tmp_path / "p.toml", tiny, eval_opts=", fail = true", extra_model=tiny)
     s = run(toml, ro=stub_ro, quiet=True)

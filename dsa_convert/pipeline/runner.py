@@ -125,6 +125,22 @@ def option_argv(step: StepSpec, base: Path, cmd) -> tuple[list[str], list[Path]]
     return argv, paths
 
 
+def eval_dataset(step: StepSpec, base: Path) -> Path | None:
+    """The text file an eval step will score (`ppl` = a dataset name or a file, `data` = a file), resolved the
+    way `dsa eval` resolves it, so that a changed dataset re-runs the step. None if it cannot be resolved
+    here (the step itself then fails with the CLI's message)."""
+    from ..errors import DsaError
+    from ..eval import data as evdata
+
+    ppl, data = str(step.options.get("ppl", "wikitext2")), step.options.get("data")
+    as_file = resolve_path(ppl, base)
+    try:
+        return evdata.resolve(str(as_file) if as_file.is_file() else ppl,
+                              resolve_path(str(data), base) if data else None, download=False)
+    except (DsaError, OSError):
+        return None
+
+
 def step_output(workdir: Path, model: ModelSpec, step: StepSpec) -> Path:
     ext = ".gguf" if step.kind in ("convert", "quantize") else ".json"
     return workdir / model.name / f"{step.name}{ext}"
@@ -258,6 +274,8 @@ def run_step(spec: PipelineSpec, model: ModelSpec, step: StepSpec, outputs: dict
     inputs = {"input": hasher.path(input_path)}
     for i, p in enumerate(opt_paths):
         inputs[f"option{i}:{p}"] = hasher.path(p)
+    if step.kind == "eval" and (ds := eval_dataset(step, spec.base_dir)) is not None:
+        inputs["dataset"] = hasher.path(ds)
     fp = st.fingerprint(step.kind, opts, inputs)
     fresh, why = st.is_fresh(out, fp)
     upstream_ran = step.input is not None and step.input in dirty
