@@ -113,3 +113,22 @@ def test_kv_switch_errors(tiny_asq, tmp_path):
                          "prototypes")
     assert_clean_failure(run_dsa("eval", str(dsa), "--ppl", str(text), "--ctx", "128", "--kv", "asq",
                                  "--attn", "dense"), no_out, "sparse")
+
+
+@requires_backend
+def test_asq_cache_state_save_restore(tiny_asq):
+    """The ASQ cache is plain I8 rows to llama.cpp's state code: save, evaluate on, restore, evaluate again."""
+    from llama_cpp import Llama
+
+    _, dsa, _, _, _ = tiny_asq
+    toks = [int(t) for t in np.random.default_rng(9).integers(3, 320, 60)]
+    llm = Llama(model_path=str(dsa), n_ctx=128, n_batch=32, n_ubatch=32, logits_all=True, verbose=False)
+    llm.eval(toks[:40])
+    state = llm.save_state()
+    llm.eval(toks[40:])
+    first = np.array(llm.scores[40:60])
+    llm.load_state(state)
+    llm.eval(toks[40:])
+    again = np.array(llm.scores[40:60])
+    llm.close()
+    assert np.array_equal(first, again)
