@@ -195,6 +195,31 @@ def test_existing_output_refused(tiny_gguf, tmp_path):
     assert out.read_bytes() == b"keep me"
 
 
+def test_awq_scale_forms():
+    """Default x-only scales are a power of mean|x| (normalised); duo_scaling divides by the weights too."""
+    from dsa_convert.quant.auto_scale import search
+    from dsa_convert.quant.qformat import fq_q4_0
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 64, generator=g) * torch.linspace(0.1, 4.0, 64)
+    w = torch.randn(32, 64, generator=g)
+    ref = x @ w.T
+
+    def loss(q):
+        return float((x @ q[0].T - ref).pow(2).mean())
+
+    def fq(w, name=None, imp=None):
+        return fq_q4_0(w)
+
+    xm = x.abs().mean(0)
+    s, rep = search(xm, [w], fq, loss, 32)
+    assert rep["alpha"] and rep["loss"] < rep["loss_rtn"]
+    e = xm.pow(rep["alpha"])
+    assert torch.allclose(s, e / (e.max() * e.min()).sqrt(), rtol=1e-5)
+    s_duo, rep_duo = search(xm, [w], fq, loss, 32, duo=True)
+    assert rep_duo["loss"] < rep_duo["loss_rtn"] and not torch.allclose(s_duo, s)
+
+
 # ---------------------------------------------------------------- functional
 def _final_hidden(path: Path, tokens: torch.Tensor) -> torch.Tensor:
     from dsa_convert.kernels_ref.model import RefModel, rms_norm

@@ -1,7 +1,8 @@
 """AWQ activation-aware scale search (after llm-awq's auto_scale, AutoAWQ's `duo_scaling`).
 
 Per group of linears sharing an input x:
-    s(α) = mean|x|^α / mean|ŵ|^(1-α)      ŵ: |W| normalised per quantization group, mean over rows
+    s(α) = mean|x|^α                       (x-only, llm-awq's original; AutoAWQ duo_scaling=False)
+    s(α) = mean|x|^α / mean|ŵ|^(1-α)      (duo) ŵ: |W| normalised per quantization group, mean over rows
     s    ← s / sqrt(max(s)·min(s))
     W'   = Q(W·diag(s)) · diag(1/s)          Q: the target format's fake quantization
 α runs over a grid of 20 points in [0, 1) plus the identity (s = 1), keeping the one with the
@@ -67,18 +68,19 @@ def weight_mean(ws: list[torch.Tensor], qgroup: int) -> torch.Tensor:
 def search(x_mean: torch.Tensor, ws: list[torch.Tensor], fq: Callable, loss_fn: Callable,
            qgroup: int, n_grid: int = 20, idx: torch.Tensor | None = None,
            n_scale: int | None = None, names: tuple[str, ...] | None = None,
-           x_sq: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+           x_sq: torch.Tensor | None = None, duo: bool = False) -> tuple[torch.Tensor, dict]:
     """Grid search of α. Returns (s in scale space, report). fq(w, name, imp): imp is the mean x²
-    of the (scaled) input columns, i.e. the imatrix llama.cpp's quantizer would get."""
+    of the (scaled) input columns, i.e. the imatrix llama.cpp's quantizer would get. `duo`: divide
+    by the weight statistic too (AutoAWQ's duo_scaling); default x-only scales."""
     names = names or (None,) * len(ws)
     n = n_scale or x_mean.shape[0]
     xm = _reduce(x_mean, idx, n)
-    wm = _reduce(weight_mean(ws, qgroup), idx, n)
+    wm = _reduce(weight_mean(ws, qgroup), idx, n) if duo else None
     base = loss_fn([fq(w, n, x_sq) for w, n in zip(ws, names)])
     best, best_s, best_a, hist = base, torch.ones(n, device=xm.device), None, []
     for i in range(n_grid):
         a = i / n_grid
-        s = (xm.pow(a) / (wm.pow(1 - a) + 1e-4)).clamp(min=1e-4)
+        s = (xm.pow(a) if wm is None else xm.pow(a) / (wm.pow(1 - a) + 1e-4)).clamp(min=1e-4)
         s = s / math.sqrt(float(s.max() * s.min()))
         se = s if idx is None else s[idx]
         imp = None if x_sq is None else x_sq / se.pow(2)
@@ -95,7 +97,8 @@ def _mse(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def auto_scale_block(blk: Block, caps: dict[str, torch.Tensor], fq: Callable, qgroup: int,
-                     search_tokens: int, n_grid: int = 20, gen: torch.Generator | None = None) -> dict:
+                     search_tokens: int, n_grid: int = 20, gen: torch.Generator | None = None,
+                     duo: bool = False) -> dict:
     """Search and apply the four scale groups of one block in place (weights, norms and the cached
     inputs, which are divided by s so later steps see the scaled model). Returns a report."""
     report: dict = {}
@@ -138,7 +141,7 @@ def auto_scale_block(blk: Block, caps: dict[str, torch.Tensor], fq: Callable, qg
             def loss_fn(q, x=x, ref=ref):
                 return _mse(blk.lin(x, "ffn_down", q[0]), ref)
 
-        s, rep = search(x_mean, ws, fq, loss_fn, qgroup, n_grid, idx, n_scale, grp.linears, x_sq)
+        s, rep = search(x_mean, ws, fq, loss_fn, qgroup, n_grid, idx, n_scale, grp.linears, x_sq, duo)
         apply_scale(blk, grp, s, caps, idx)
         report[grp.name] = rep
         blk.scales[grp.name] = s

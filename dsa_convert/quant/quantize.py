@@ -39,8 +39,8 @@ from .qformat import FORMATS, QT, TargetFormat, fake_quant_fn
 
 METHODS = ("awq", "rtn", "auto")
 # --method auto: what measured best per type on the reference model (docs/RESULTS.md §4, 200 chunks):
-# AWQ for Q4_0/Q4_1 (ΔPPL 3.09 vs RTN 4.38); for K-quants RTN with an imatrix from the calibration text
-# (ΔPPL +1.59, = llama.cpp Q4_K_M + imatrix +1.61), because AWQ-scaled K-quants lost more (+3.92 / +4.63).
+# AWQ for Q4_0/Q4_1 (x-only scales: ΔPPL +1.10, mean of 4 seeds, vs RTN +4.38); for K-quants RTN with an
+# imatrix from the calibration text (ΔPPL +1.59, = llama.cpp Q4_K_M + imatrix +1.61), because AWQ-scaled K-quants lost more (+3.92 / +4.63).
 AUTO_METHOD = {"q4_0": ("awq", None), "q4_1": ("awq", None), "q4_k_m": ("rtn", "auto")}
 _FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 _FILE_TYPES = {"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
@@ -70,6 +70,10 @@ class QuantOptions:
     # with q/k; K-quants 20 steps without q/k (the settings of the measured Q4_K_M rows).
     clip_grid: int | None = None
     clip_qk: bool | None = None
+    # AWQ scale form: s = mean|x|^α (False, llm-awq's original) or mean|x|^α / mean|ŵ|^(1-α) (True, AutoAWQ's
+    # duo_scaling). None: as measured best per type (docs/RESULTS.md, section 4): Q4_0/Q4_1 x-only (ΔPPL
+    # +1.10 mean of 4 seeds vs duo +2.90, RTN +4.38; 200 chunks); K-quants duo (the measured Q4_K_M rows).
+    duo_scaling: bool | None = None
     seed: int = 0
     threads: int | None = None        # llama-quantize threads
 
@@ -88,6 +92,10 @@ def clip_settings(opts: QuantOptions, fmt: TargetFormat) -> tuple[int, bool]:
     k = fmt.via_llama_cpp
     return (opts.clip_grid if opts.clip_grid is not None else (20 if k else 40),
             opts.clip_qk if opts.clip_qk is not None else (not k))
+
+
+def duo_scaling(opts: QuantOptions, fmt: TargetFormat) -> bool:
+    return opts.duo_scaling if opts.duo_scaling is not None else fmt.via_llama_cpp
 
 
 def _linear_names(g: GgufFile, n_layer: int) -> list[str]:
@@ -194,7 +202,7 @@ class Calibrator:
             if self.awq:
                 rep["rtn_mse"] = self._block_mse(blk, caps)
                 rep["scale"] = auto_scale_block(blk, caps, self.fq, self.qgroup, self.opts.search_tokens,
-                                                self.opts.n_grid, self.gen)
+                                                self.opts.n_grid, self.gen, duo_scaling(self.opts, self.fmt))
                 if self.opts.clip:
                     rep["clip_shrink"] = auto_clip_block(blk, caps, self.fq, self.opts.group_size,
                                                          self.opts.clip_tokens, self.gen,
