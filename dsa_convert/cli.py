@@ -188,6 +188,10 @@ def eval_cmd(
         print(f"PPL = {res['ppl']:.4f} +/- {res['ppl_stderr']:.5f}  ({res['backend']}, {res['device']}, "
               f"attn={res['attn']}, kv={res['kv']}, top_k={res['top_k']}, ctx={res['ctx']}, "
               f"{res['tokens']} tokens scored)")
+        if res.get("kv_bytes_per_token"):
+            print(f"KV cache as allocated by llama.cpp: K {res['kv_k_type']} / V {res['kv_v_type']}, "
+                  f"{res['kv_main_bytes'] / res['kv_cells']:.1f} B/token"
+                  + (f" + {res['kv_indexer_bytes'] / res['kv_cells']:.1f} B/token indexer keys" if res["kv_indexer_bytes"] else ""))
 
 
 @app.command()
