@@ -71,9 +71,9 @@ class QuantOptions:
     clip_grid: int | None = None
     clip_qk: bool | None = None
     # AWQ scale form: s = mean|x|^α (False, llm-awq's original) or mean|x|^α / mean|ŵ|^(1-α) (True, AutoAWQ's
-    # duo_scaling). None: as measured best per type (docs/RESULTS.md, section 4): Q4_0/Q4_1 x-only (ΔPPL
-    # +1.10 mean of 4 seeds vs duo +2.90, RTN +4.38; 200 chunks); K-quants duo (the measured Q4_K_M rows).
-    duo_scaling: bool | None = None
+    # duo_scaling). x-only measured better (WikiText-2, 200 chunks): Q4_0 ΔPPL +1.10 (mean of 4 seeds) vs duo
+    # +2.90, RTN +4.38; Q4_K_M without imatrix +2.79 vs duo +4.63 (one seed; llama.cpp's own Q4_K_M +1.81).
+    duo_scaling: bool = False
     seed: int = 0
     threads: int | None = None        # llama-quantize threads
 
@@ -92,10 +92,6 @@ def clip_settings(opts: QuantOptions, fmt: TargetFormat) -> tuple[int, bool]:
     k = fmt.via_llama_cpp
     return (opts.clip_grid if opts.clip_grid is not None else (20 if k else 40),
             opts.clip_qk if opts.clip_qk is not None else (not k))
-
-
-def duo_scaling(opts: QuantOptions, fmt: TargetFormat) -> bool:
-    return opts.duo_scaling if opts.duo_scaling is not None else fmt.via_llama_cpp
 
 
 def _linear_names(g: GgufFile, n_layer: int) -> list[str]:
@@ -202,7 +198,7 @@ class Calibrator:
             if self.awq:
                 rep["rtn_mse"] = self._block_mse(blk, caps)
                 rep["scale"] = auto_scale_block(blk, caps, self.fq, self.qgroup, self.opts.search_tokens,
-                                                self.opts.n_grid, self.gen, duo_scaling(self.opts, self.fmt))
+                                                self.opts.n_grid, self.gen, self.opts.duo_scaling)
                 if self.opts.clip:
                     rep["clip_shrink"] = auto_clip_block(blk, caps, self.fq, self.opts.group_size,
                                                          self.opts.clip_tokens, self.gen,
