@@ -337,6 +337,9 @@ def backend_info(as_json: bool = typer.Option(False, "--json")):
     else:
         for k, v in d.items():
             print(f"{k}: {v}")
+        if d.get("installed") and not d.get("patch_up_to_date", True):
+            print("the installed backend is not this repository's patched build: run `dsa backend build` "
+                  "(a cached build is reinstalled without recompiling)")
 
 
 # ---- pipeline (CI batch runs) -------------------------------------------------------------------

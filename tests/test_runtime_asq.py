@@ -132,3 +132,21 @@ def test_asq_cache_state_save_restore(tiny_asq):
     again = np.array(llm.scores[40:60])
     llm.close()
     assert np.array_equal(first, again)
+
+
+def test_backend_info_detects_a_stale_installed_library(tmp_path):
+    """`dsa backend info` says patch_up_to_date only if the installed libllama is the cached build's wheel copy."""
+    import zipfile
+
+    from dsa_convert.backend.runtime import _installed_from_wheel
+
+    wheel_dir = tmp_path / "wheel"
+    wheel_dir.mkdir()
+    with zipfile.ZipFile(wheel_dir / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl", "w") as z:
+        z.writestr("llama_cpp/lib/libllama.so", b"new build")
+    installed = tmp_path / "libllama.so"
+    installed.write_bytes(b"new build")
+    assert _installed_from_wheel(installed, wheel_dir)
+    installed.write_bytes(b"old build")             # same size, other bytes
+    assert not _installed_from_wheel(installed, wheel_dir)
+    assert not _installed_from_wheel(installed, tmp_path / "no-wheel")

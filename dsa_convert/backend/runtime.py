@@ -78,5 +78,24 @@ def backend_info() -> dict:
         d["build_patch_hash"] = meta.get("patch_hash")
         d["patches"] = meta.get("patches")
         d["tools"] = meta.get("tools")
-        d["patch_up_to_date"] = meta.get("patch_hash") == patch_hash()
+        # the installed package must carry this build's library (a stale wheel from an older patch can stay
+        # installed in an environment that `dsa backend build` did not install into)
+        d["installed_is_build"] = _installed_from_wheel(so, cur / "wheel")
+        d["patch_up_to_date"] = meta.get("patch_hash") == patch_hash() and d["installed_is_build"]
     return d
+
+
+def _installed_from_wheel(so: Path | None, wheel_dir: Path) -> bool:
+    """True if the installed libllama.so is the one in the build's cached wheel (size and CRC-32)."""
+    import zipfile
+    import zlib
+
+    wheels = sorted(wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
+    if so is None or not wheels:
+        return False
+    data = so.resolve().read_bytes()
+    with zipfile.ZipFile(wheels[0]) as z:
+        for info in z.infolist():
+            if info.filename.endswith("/" + so.name) and info.file_size == len(data):
+                return info.CRC == zlib.crc32(data)
+    return False
