@@ -69,3 +69,19 @@ def test_decode_gather_matches_masked_decode_f16_cache(tiny_dsa, monkeypatch):
     masked = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, cache_type=1, gather=False)
     assert not np.array_equal(gathered[PREFILL:], masked[PREFILL:])   # two different graphs ran
     assert np.abs(gathered - masked).max() / (masked.max() - masked.min()) < 1e-4
+
+
+@requires_backend
+def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa, monkeypatch):
+    """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share): with the same prefill + single-token decode
+    as sparse, the logits are the dense ones (the selection is computed and not used)."""
+    plain, dsa = tiny_dsa
+    v = _verify_module()
+    toks = np.random.default_rng(4).integers(3, 320, N)
+    dense = v.llama_logits(str(plain), toks, n_ctx=128, prefill=PREFILL)
+    sparse = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL)
+    monkeypatch.setenv("LLAMA_DSA_INDEXER_ONLY", "1")
+    idx_only = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL)
+    scale = dense.max() - dense.min()
+    assert np.abs(idx_only - dense).max() / scale < 1e-5
+    assert np.abs(sparse - dense).max() / scale > 1e-3

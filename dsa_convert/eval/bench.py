@@ -10,8 +10,11 @@ counters (llama_perf_context: prompt-eval and eval ms) are reported beside the w
 kv_bytes is llama.cpp's own figure: the sum of the `llama_kv_cache: size = … MiB` lines it logs when it
 allocates the caches (main K/V + the DSA indexer-key cache for sparse), captured through the log callback
 (backend/llama_log.py). kv_bytes_per_token divides by the cells llama.cpp allocated (n_ctx rounded up).
-The indexer time share is not measured per op; `indexer_share_*_est` = 1 - t_dense / t_sparse at the same
-ctx (the patch's sparse path is the dense one plus indexer, top-k and mask, so the difference is their cost).
+Indexer time share: sparse runs decode --gen more tokens with LLAMA_DSA_INDEXER_ONLY=1 (the patch then
+computes every sparse layer's selection, scores and top-k, but attends densely): `indexer_decode_ms_per_tok`
+= that time - the dense run's at the same ctx, `indexer_share_decode` = it / the sparse decode time. The
+rest of the sparse overhead is the selection mask and the gather. `indexer_share_*_est` = 1 - t_dense /
+t_sparse is the whole sparse overhead's share (indexer, top-k, mask, gather), prefill and decode.
 """
 from __future__ import annotations
 
@@ -143,7 +146,7 @@ def _prefill(lc, ctx, toks: np.ndarray, batch: int) -> float:
 
 def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo) -> dict:
     threads = o.threads or (os.cpu_count() or 1)
-    ropts = RunnerOptions(n_ctx=ctx_len + o.gen, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
+    ropts = RunnerOptions(n_ctx=ctx_len + 2 * o.gen, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
                           flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
                           n_threads=threads, logits_all=False)
     t0 = time.perf_counter()
@@ -171,6 +174,17 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
             lc.llama_synchronize(ctx)
         decode_s = time.perf_counter() - t1
         perf = lc.llama_perf_context(ctx)
+        indexer_only_s = None
+        if attn == "sparse":              # the same steps with the selection computed but dense attention
+            os.environ["LLAMA_DSA_INDEXER_ONLY"] = "1"
+            try:
+                t2 = time.perf_counter()
+                for i in range(o.gen):
+                    _decode(lc, ctx, gen[i:i + 1])
+                    lc.llama_synchronize(ctx)
+                indexer_only_s = time.perf_counter() - t2
+            finally:
+                os.environ.pop("LLAMA_DSA_INDEXER_ONLY", None)
         n_cells = lc.llama_n_ctx(ctx)
     finally:
         llm.close()
@@ -187,6 +201,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "prefill_tokens": ctx_len, "prefill_s": round(prefill_s, 4),
         "prefill_tok_s": round(ctx_len / prefill_s, 2),
         "decode_tokens": o.gen, "decode_s": round(decode_s, 4),
+        "indexer_only_decode_s": None if indexer_only_s is None else round(indexer_only_s, 4),
         "decode_tok_s": round(o.gen / decode_s, 2), "decode_ms_per_tok": round(1000 * decode_s / o.gen, 3),
         "llama_perf_ms": {"prefill": round(perf.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms, 2),
                           "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval},
@@ -211,7 +226,13 @@ def add_indexer_share(rows: list[dict]) -> None:
         for ph in ("prefill", "decode"):
             r[f"indexer_share_{ph}_est"] = (round(1.0 - d[f"{ph}_s"] / r[f"{ph}_s"], 4)
                                             if d and r[f"{ph}_s"] > 0 else None)
-        r["indexer_share_method"] = "not measured per op; estimate 1 - t_dense/t_sparse at the same ctx"
+        r["indexer_share_method"] = ("indexer_*: decode with LLAMA_DSA_INDEXER_ONLY=1 (selection computed, dense "
+                                     "attention) minus dense; *_est: 1 - t_dense/t_sparse (all sparse overhead)")
+        io = r.get("indexer_only_decode_s")
+        if d and io is not None and r["decode_s"] > 0:
+            idx_s = max(0.0, io - d["decode_s"])
+            r["indexer_decode_ms_per_tok"] = round(1000 * idx_s / r["decode_tokens"], 3)
+            r["indexer_share_decode"] = round(idx_s / r["decode_s"], 4)
 
 
 def bench(path: Path, o: BenchOptions) -> list[dict]:
@@ -272,12 +293,15 @@ def write_plot(rows: list[dict], out: Path, title: str) -> Path:
 
 
 def render(rows: list[dict]) -> str:
-    head = f"{'ctx':>8} {'attn':>6} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9}  device"
+    head = (f"{'ctx':>8} {'attn':>6} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9} "
+            f"{'indexer ms/tok':>15}  device")
     lines = [head]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['ctx']:>8} {r['attn']:>6}  error: {r['error']}")
             continue
+        idx = r.get("indexer_decode_ms_per_tok")
+        idx_s = f"{idx:.3f} ({100 * r['indexer_share_decode']:.0f} %)" if idx is not None else "—"
         lines.append(f"{r['ctx']:>8} {r['attn']:>6} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
-                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f}  {r['device']}")
+                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15}  {r['device']}")
     return "\n".join(lines)
