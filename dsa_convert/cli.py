@@ -249,9 +249,6 @@ def quantize(
 
     if group_size is None:
         group_size = 32 if qtype.lower() in ("q4_0", "q4_1") else 128
-    if samples is None:
-        awq = method == "awq" or (method == "auto" and qtype.lower() in ("q4_0", "q4_1"))
-        samples = 32 if awq else 128
     res = run(QuantOptions(inp, out, method=method, qtype=qtype.lower(), group_size=group_size, calib=calib,
                            samples=samples, seq_len=seq_len, device=device, imatrix=imatrix, force=force,
                            quiet=as_json, clip=not no_clip, threads=threads, seed=seed))
