@@ -33,6 +33,19 @@ def _fail(msg: str, code: int):
     raise typer.Exit(code)
 
 
+# the last SIGTERM / SIGINT received (set by main()'s handlers): a signal that arrives while numpy or torch
+# probe an object can surface as some other exception (numpy turns errors inside __array__ probing into
+# "could not determine the shape"), which must still end as "terminated" / "interrupted", not "internal error"
+_signal = {"received": None}
+
+
+def _exit_if_signalled() -> None:
+    if _signal["received"] == "SIGTERM":
+        _fail("terminated", EXIT_TERMINATED)
+    if _signal["received"] == "SIGINT":
+        _fail("interrupted", EXIT_INTERRUPTED)
+
+
 def guarded(fn):
     """One-line errors and documented exit codes for every command."""
     @functools.wraps(fn)
@@ -42,6 +55,7 @@ def guarded(fn):
         except typer.Exit:
             raise
         except DsaError as e:
+            _exit_if_signalled()
             if _state["debug"]:
                 raise
             _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__, e.exit_code)
@@ -50,8 +64,10 @@ def guarded(fn):
         except Terminated:
             _fail("terminated", EXIT_TERMINATED)
         except MemoryError:
+            _exit_if_signalled()
             _fail("out of memory", EXIT_RUNTIME)
         except Exception as e:  # unexpected: still one line unless --debug
+            _exit_if_signalled()
             if _state["debug"]:
                 raise
             first = (str(e).splitlines() or [""])[0][:300]
@@ -375,7 +391,13 @@ def pipeline_run(
 
 
 def _on_sigterm(signum, frame):
+    _signal["received"] = "SIGTERM"
     raise Terminated()
+
+
+def _on_sigint(signum, frame):
+    _signal["received"] = "SIGINT"
+    raise KeyboardInterrupt()
 
 
 def main() -> None:
@@ -384,7 +406,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)   # batch schedulers stop jobs with SIGTERM: clean up like Ctrl-C
     # a job started in the background by a non-interactive shell inherits SIGINT as *ignored*;
     # an explicit SIGINT must still interrupt (and clean up) a conversion
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _on_sigint)
     app()
 
 
