@@ -15,17 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-
-def dsa_eval(*args: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", *args, "--json"], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"dsa eval {' '.join(args)} failed:\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout)
+from bench_runtime import dsa_eval   # scripts/ is sys.path[0] when this script runs
 
 
 def main() -> None:

@@ -1,9 +1,12 @@
 """Shared fixtures: tiny random HF checkpoints of each supported architecture, generated here."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +148,18 @@ def requires_backend(fn):
     backend is absent — except under DSA_REQUIRE_BACKEND=1 (CI), where a missing backend fails."""
     return pytest.mark.backend(_skip_no_backend(fn))
 __all__ = ["shutil"]
+
+
+def verify_module():
+    """scripts/verify_dsa_patch.py as a module: its llama.cpp / kernels_ref logit helpers."""
+    spec = importlib.util.spec_from_file_location("verify_dsa_patch", REPO / "scripts" / "verify_dsa_patch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def dsa_eval_json(*args) -> dict:
+    """`dsa eval ARGS --json` in a child process; it must succeed."""
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", *args, "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

@@ -5,8 +5,6 @@ ASQ math, really be compressed (llama.cpp allocates I8 rows of 3 + head_dim*b/8 
 switch back to the ordinary cache types per run."""
 from __future__ import annotations
 
-import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_tiny_model, requires_backend
+from conftest import dsa_eval_json, make_tiny_model, requires_backend, verify_module
 from test_convert_errors import assert_clean_failure, run_dsa
 
 REPO = Path(__file__).resolve().parents[1]
 TOPK, SINK, LOCAL, N, PREFILL, C = 24, 2, 6, 72, 20, 16
-
-
-def _verify_module():
-    spec = importlib.util.spec_from_file_location("verify_dsa_patch", REPO / "scripts" / "verify_dsa_patch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module", params=[("mistral-gqa", "pre_rope", 4), ("qwen3-qknorm-headdim", "post_rope", 8)],
@@ -53,7 +44,7 @@ def tiny_asq(request, tmp_path_factory):
 @requires_backend
 def test_asq_cache_matches_kernels_ref_prefill_and_decode(tiny_asq):
     plain, dsa, arch, _, _ = tiny_asq
-    v = _verify_module()
+    v = verify_module()
     toks = np.random.default_rng(5).integers(3, 320, N)
     ref = v.ref_logits(str(dsa), toks, sparse=True, kv="asq")
     ref_plain_kv = v.ref_logits(str(dsa), toks, sparse=True)
@@ -69,12 +60,6 @@ def test_asq_cache_matches_kernels_ref_prefill_and_decode(tiny_asq):
     assert np.abs(off - ref_plain_kv).max() / scale < 1e-4
 
 
-def _eval(*args) -> dict:
-    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", *args, "--json"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
 @requires_backend
 def test_eval_kv_bytes_as_allocated(tiny_asq, tmp_path):
     plain, dsa, arch, _, bits = tiny_asq
@@ -87,8 +72,8 @@ def test_eval_kv_bytes_as_allocated(tiny_asq, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"w{i % 97}" for i in range(20000)))
     ctx = 2048
-    asq = _eval(str(dsa), "--ppl", str(text), "--ctx", str(ctx), "--chunks", "1", "--kv", "asq")
-    f16 = _eval(str(dsa), "--ppl", str(text), "--ctx", str(ctx), "--chunks", "1", "--kv", "f16")
+    asq = dsa_eval_json(str(dsa), "--ppl", str(text), "--ctx", str(ctx), "--chunks", "1", "--kv", "asq")
+    f16 = dsa_eval_json(str(dsa), "--ppl", str(text), "--ctx", str(ctx), "--chunks", "1", "--kv", "f16")
     assert asq["kv_k_type"] == "i8" and asq["kv_v_type"] == "i8" and f16["kv_k_type"] == "f16"
     vec = 3 + hd * bits // 8                                  # FORMAT.md §6: code + f16 scale + residual
     want_main = 2 * n_layer * n_head_kv * vec                 # K + V bytes per token

@@ -4,7 +4,6 @@ ubatches after a prefill) must match kernels_ref and the one-batch (masked dense
 against the backend built from the committed patch."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_tiny_model, requires_backend
+from conftest import make_tiny_model, requires_backend, verify_module
 
 REPO = Path(__file__).resolve().parents[1]
 TOPK, SINK, LOCAL, N, PREFILL = 24, 2, 6, 72, 20
-
-
-def _verify_module():
-    spec = importlib.util.spec_from_file_location("verify_dsa_patch", REPO / "scripts" / "verify_dsa_patch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module", params=["mistral-gqa", "qwen3-qknorm-headdim"])
@@ -42,7 +34,7 @@ def tiny_dsa(request, tmp_path_factory):
 @requires_backend
 def test_token_by_token_decode_matches_kernels_ref_and_one_batch(tiny_dsa):
     plain, dsa = tiny_dsa
-    v = _verify_module()
+    v = verify_module()
     toks = np.random.default_rng(3).integers(3, 320, N)
     ref = v.ref_logits(str(dsa), toks, sparse=True)
     one_batch = v.llama_logits(str(dsa), toks, n_ctx=128)                    # masked dense (ubatch of N tokens)
@@ -63,7 +55,7 @@ def test_token_by_token_decode_matches_kernels_ref_and_one_batch(tiny_dsa):
 def test_decode_gather_matches_masked_decode_f16_cache(tiny_dsa, monkeypatch):
     """Same decode with an f16 K/V cache: gathering (then casting back to f16) rounds like the masked path."""
     _, dsa = tiny_dsa
-    v = _verify_module()
+    v = verify_module()
     toks = np.random.default_rng(3).integers(3, 320, N)
     gathered = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, cache_type=1)
     masked = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, cache_type=1, gather=False)
@@ -76,7 +68,7 @@ def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa
     """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share): with the same prefill + single-token decode
     as sparse, the logits are the dense ones (the selection is computed and not used)."""
     plain, dsa = tiny_dsa
-    v = _verify_module()
+    v = verify_module()
     toks = np.random.default_rng(4).integers(3, 320, N)
     dense = v.llama_logits(str(plain), toks, n_ctx=128, prefill=PREFILL)
     sparse = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL)

@@ -2,7 +2,6 @@
 (matching the plain file), switchable per run; CI builds that backend and runs this."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import CALIB, WIKI_RAW, make_tiny_model, requires_backend
+from conftest import CALIB, WIKI_RAW, dsa_eval_json, make_tiny_model, requires_backend
 
 TOPK, SINK, LOCAL = 48, 4, 12
 
@@ -44,12 +43,6 @@ def dsa_pair(tmp_path_factory):
     res = convert(ConvertOptions(model, dsa, outtype="f32", quiet=True, dsa=cfg))
     assert res["dsa"]
     return plain, dsa, model
-
-
-def _eval(*args) -> dict:
-    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", *args, "--json"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 @requires_backend
@@ -97,13 +90,13 @@ def test_load_log_line_names_the_mode(dsa_pair):
 def test_ppl_llamacpp_vs_torch_sparse_and_dense(dsa_pair):
     plain, dsa, model = dsa_pair
     common = ["--ppl", "wikitext2", "--ctx", "256", "--chunks", "3"]
-    lc_sparse = _eval(str(dsa), *common, "--kv", "f32")
-    lc_dense = _eval(str(dsa), *common, "--kv", "f32", "--attn", "dense")
-    plain_dense = _eval(str(plain), *common, "--kv", "f32")
-    th_sparse = _eval(str(dsa), *common, "--backend", "torch", "--attn", "sparse", "--kv", "f32")
+    lc_sparse = dsa_eval_json(str(dsa), *common, "--kv", "f32")
+    lc_dense = dsa_eval_json(str(dsa), *common, "--kv", "f32", "--attn", "dense")
+    plain_dense = dsa_eval_json(str(plain), *common, "--kv", "f32")
+    th_sparse = dsa_eval_json(str(dsa), *common, "--backend", "torch", "--attn", "sparse", "--kv", "f32")
     assert lc_sparse["attn"] == "sparse" and lc_sparse["top_k"] == TOPK
     assert abs(lc_sparse["ppl"] / th_sparse["ppl"] - 1) < 0.005
     assert abs(lc_dense["ppl"] / plain_dense["ppl"] - 1) < 0.001
     assert abs(lc_sparse["ppl"] / lc_dense["ppl"] - 1) > 0.001      # sparse is measurably not dense
-    k16 = _eval(str(dsa), *common, "--kv", "f32", "--top-k", "16")    # per-run top-k override
+    k16 = dsa_eval_json(str(dsa), *common, "--kv", "f32", "--top-k", "16")    # per-run top-k override
     assert k16["top_k"] == 16 and k16["ppl"] != lc_sparse["ppl"]

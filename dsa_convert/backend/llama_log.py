@@ -51,6 +51,13 @@ class KvCacheInfo:
     def found(self) -> bool:
         return self.cells > 0
 
+    def report(self) -> dict:
+        """The KV-cache fields of `dsa eval --json` and `dsa bench --json` (the caches as llama.cpp allocated them)."""
+        return {"kv_k_type": self.k_type, "kv_v_type": self.v_type, "kv_bytes": self.kv_bytes, "kv_cells": self.cells,
+                "kv_bytes_per_token": round(self.kv_bytes / self.cells, 2) if self.cells else None,
+                "kv_main_bytes": self.parts.get("main", 0), "kv_indexer_bytes": self.parts.get("indexer", 0),
+                "kv_bytes_source": "llama.cpp log: llama_kv_cache size lines (MiB, 2 decimals)"}
+
 
 def parse_kv_log(text: str) -> KvCacheInfo:
     info = KvCacheInfo()

@@ -18,6 +18,13 @@ KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "asq": 1}
 QUANTIZED_V = ("q4_0", "q8_0")      # llama.cpp allocates a quantized V cache only with flash attention
 
 
+def check_kv_flash_attn(kv_type: str, flash_attn: bool) -> None:
+    """One-line refusal, before llama.cpp fails to create the context, of a quantized V cache without flash attention."""
+    if kv_type in QUANTIZED_V and not flash_attn:
+        raise BadInputError(f"KV type {kv_type} quantizes the V cache, which llama.cpp allocates only with flash "
+                            "attention (--flash-attn)")
+
+
 def asq_cache_override(path: Path) -> dict:
     """{"<arch>.dsa.asq.cache": False} for `path` (ignored by llama.cpp where the file has no DSA indexer)."""
     from ..formats.gguf_read import GgufFile
@@ -64,9 +71,7 @@ def open_model(path: Path, opts: RunnerOptions):
         raise BadInputError(f"file not found: {path}")
     if opts.kv_type not in KV_TYPES:
         raise BadInputError(f"llama.cpp backend: unsupported KV type {opts.kv_type!r} (choose from {', '.join(KV_TYPES)})")
-    if opts.kv_type in QUANTIZED_V and not opts.flash_attn:
-        raise BadInputError(f"KV type {opts.kv_type} quantizes the V cache, which llama.cpp allocates only with flash "
-                            "attention: add --flash-attn")
+    check_kv_flash_attn(opts.kv_type, opts.flash_attn)
     kvt = KV_TYPES[opts.kv_type]
     overrides = dict(opts.kv_overrides or {})
     if opts.kv_type != "asq":

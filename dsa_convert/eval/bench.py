@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
-from ..backend.llama_runner import KV_TYPES, QUANTIZED_V, RunnerOptions, open_model
+from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, open_model
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
 from ..progress import task
@@ -97,9 +97,7 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         raise BadInputError(f"--n-gpu-layers must be >= 0 (got {o.n_gpu_layers})")
     if o.kv not in KV_TYPES:
         raise BadInputError(f"unknown --kv {o.kv!r} (choose from {', '.join(KV_TYPES)})")
-    if o.kv in QUANTIZED_V and not o.flash_attn:
-        raise BadInputError(f"--kv {o.kv} quantizes the V cache, which llama.cpp allocates only with flash attention: "
-                            "drop --no-flash-attn")
+    check_kv_flash_attn(o.kv, o.flash_attn)    # before the sweep, not as a failed row per run
     for m in o.attn:
         if m not in ATTN_MODES:
             raise BadInputError(f"unknown --attn {m!r} (choose from sparse, dense)")
@@ -136,6 +134,15 @@ def _decode(lc, ctx, toks: np.ndarray) -> None:
         raise DsaError(f"llama_decode returned {rc} (n_tokens {toks.size})")
 
 
+def _decode_steps(lc, ctx, toks: np.ndarray) -> float:
+    """One token per llama_decode, synchronized per token as a generator reading logits would be; seconds."""
+    t0 = time.perf_counter()
+    for i in range(toks.size):
+        _decode(lc, ctx, toks[i:i + 1])
+        lc.llama_synchronize(ctx)
+    return time.perf_counter() - t0
+
+
 def _prefill(lc, ctx, toks: np.ndarray, batch: int) -> float:
     t0 = time.perf_counter()
     for i in range(0, toks.size, batch):
@@ -168,24 +175,15 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         lc.llama_memory_clear(mem, True)
         lc.llama_perf_context_reset(ctx)
         prefill_s = _prefill(lc, ctx, prompt, o.batch)
-        t1 = time.perf_counter()
-        for i in range(o.gen):             # synchronized per token, as a generator reading logits would be
-            _decode(lc, ctx, gen[i:i + 1])
-            lc.llama_synchronize(ctx)
-        decode_s = time.perf_counter() - t1
+        decode_s = _decode_steps(lc, ctx, gen)
         perf = lc.llama_perf_context(ctx)
         indexer_only_s = None
         if attn == "sparse":              # the same steps with the selection computed but dense attention
             os.environ["LLAMA_DSA_INDEXER_ONLY"] = "1"
             try:
-                t2 = time.perf_counter()
-                for i in range(o.gen):
-                    _decode(lc, ctx, gen[i:i + 1])
-                    lc.llama_synchronize(ctx)
-                indexer_only_s = time.perf_counter() - t2
+                indexer_only_s = _decode_steps(lc, ctx, gen)
             finally:
                 os.environ.pop("LLAMA_DSA_INDEXER_ONLY", None)
-        n_cells = lc.llama_n_ctx(ctx)
     finally:
         llm.close()
         del llm
@@ -193,7 +191,6 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
     if not kv.found:
         raise DsaError("llama.cpp logged no KV-cache size (log format changed?)")
     eff_k = None if attn == "dense" else fi.top_k
-    cells = kv.cells or n_cells
     return {
         "ctx": ctx_len, "gen": o.gen, "attn": attn, "top_k": eff_k,
         "sparse_active": bool(eff_k is not None and ctx_len + o.gen > eff_k),
@@ -205,11 +202,8 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "decode_tok_s": round(o.gen / decode_s, 2), "decode_ms_per_tok": round(1000 * decode_s / o.gen, 3),
         "llama_perf_ms": {"prefill": round(perf.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms, 2),
                           "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval},
-        "kv_bytes": kv.kv_bytes, "kv_cells": cells,
-        "kv_bytes_per_token": round(kv.kv_bytes / cells, 2) if cells else None,
-        "kv_main_bytes": kv.parts.get("main", 0), "kv_indexer_bytes": kv.parts.get("indexer", 0),
+        **kv.report(),
         "kv_type": o.kv, "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
-        "kv_bytes_source": "llama.cpp log: llama_kv_cache size lines (MiB, 2 decimals)",
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
         "file": str(path),

@@ -87,8 +87,4 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
             "attn": mode["attn"], "kv": o.kv, "top_k": mode["top_k"], "backend": "llama.cpp",
             "device": "cuda" if (o.n_gpu_layers and llama_cpp.llama_supports_gpu_offload()) else "cpu",
             "flash_attn": o.flash_attn, "n_gpu_layers": o.n_gpu_layers, "file": str(path),
-            "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk,
-            "kv_k_type": kvlog.k_type, "kv_v_type": kvlog.v_type, "kv_bytes": kvlog.kv_bytes, "kv_cells": kvlog.cells,
-            "kv_bytes_per_token": round(kvlog.kv_bytes / kvlog.cells, 2) if kvlog.cells else None,
-            "kv_main_bytes": kvlog.parts.get("main", 0), "kv_indexer_bytes": kvlog.parts.get("indexer", 0),
-            "kv_bytes_source": "llama.cpp log: llama_kv_cache size lines (MiB, 2 decimals)"}
+            "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk, **kvlog.report()}
