@@ -18,7 +18,14 @@
 #   asqspeed  decode speed with the ASQ cache vs a q4_0 cache at 64K on the synthetic 1B shape with random
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on                     (issue 7)
 #   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
-#             1B (and, with SPEED_8B=1, 8B) shape at $SPEED_CTX (default 16384,65536,131072)
+#             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
+#   asqenc    scripts/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
+#             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
+#   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
+#             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
+#             and dense (PROF_ATTN to choose)                                                    (issue 6)
+#   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on
+#             the GPU: decode path vs masked path vs kernels_ref, f16 / q8_0 caches with flash attention   (issue 6)
 #   indexer   scripts/bench_dsa_quality.py at ctx 1024 / K 256 and 2048 / K 256 with 8 and 16
 #             indexer heads (issue 3's remaining gap to the oracle)
 #
@@ -93,7 +100,8 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
       --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
     files=("$WORK/synth-1b-asq.gguf")
-    if [ "${SPEED_8B:-0}" = 1 ]; then
+    [ "${SPEED_8B:-0}" = only ] && files=()
+    if [ "${SPEED_8B:-0}" != 0 ]; then
       [ -f "$WORK/synth-8b.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-8b.gguf" --shape llama-3.1-8b \
         --outtype q4_k_m --quiet
       files+=("$WORK/synth-8b.gguf")
@@ -105,6 +113,32 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
       done
     done
     cat "$WORK/speed.jsonl" ;;
+  asqenc)
+    nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/asq_encode_check.cu -o "$WORK/asq_encode_check" \
+      && "$WORK/asq_encode_check" | tee "$WORK/asq_encode_check.txt" ;;
+  profile)
+    f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
+    [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    c=${PROF_CTX:-32768}
+    python3 scripts/profile_decode.py "$f" --ctx $c --gen 16 | tee "$WORK/profile-wall-$c.json"
+    if [ -n "${PROF_PREFILL:-}" ]; then   # one prefill ubatch (the last 512 tokens of the context), sparse
+      python3 scripts/profile_decode.py "$f" --ctx $c --what prefill | tee "$WORK/profile-prefill-wall-$c.json"
+      ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        --log-file "$WORK/ncu-prefill-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --what prefill --attn sparse \
+        --profile > "$WORK/ncu-prefill-$c.log" 2>&1 || tail -5 "$WORK/ncu-prefill-$c.log"
+      python3 scripts/profile_decode.py --summary "$WORK/ncu-prefill-$c.csv" --gen 1 | tee "$WORK/profile-prefill-$c.txt" | head -30
+    fi
+    for m in ${PROF_ATTN:-sparse dense}; do
+      ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        --log-file "$WORK/ncu-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --gen 2 --attn $m --profile \
+        > "$WORK/ncu-$m-$c.log" 2>&1 || tail -5 "$WORK/ncu-$m-$c.log"
+      python3 scripts/profile_decode.py --summary "$WORK/ncu-$m-$c.csv" --gen 2 | tee "$WORK/profile-$m-$c.txt" | head -40
+    done ;;
+  decodeverify)
+    # the decode path on the GPU vs the masked path vs kernels_ref (scripts/verify_dsa_patch.py) on a stock copy of
+    # $DSA_FILE with a random indexer (H 4, D 64): sparse prefill, single-token decodes, ubatch 4, f16 / q8_0 + FA
+    python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock.gguf"
+    python3 scripts/verify_dsa_patch.py "$WORK/ref-stock.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify.txt" ;;
   indexer)
     for h in 8 16; do
       [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \

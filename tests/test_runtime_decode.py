@@ -64,6 +64,25 @@ def test_decode_gather_matches_masked_decode_f16_cache(tiny_dsa, monkeypatch):
 
 
 @requires_backend
+def test_decode_gather_flash_attention_f16_cache(tiny_dsa):
+    """With flash attention and an f16 cache the decode path runs the gathered rows through ggml_flash_attn_ext
+    (one FA batch of top-k keys per token): it must match the masked FA decode and kernels_ref."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(3).integers(3, 320, N)
+    ref = v.ref_logits(str(dsa), toks, sparse=True)
+    gathered = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True)
+    masked = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True, gather=False)
+    scale = masked.max() - masked.min()
+    assert not np.array_equal(gathered[PREFILL:], masked[PREFILL:])   # two different graphs ran
+    masked_ref = np.abs(masked - ref).max() / scale
+    print("FA", np.abs(gathered - masked).max() / scale, np.abs(gathered - ref).max() / scale, masked_ref)
+    # the FA kernels accumulate V in F16 on the CPU and split the keys differently for the two graphs
+    assert np.abs(gathered - masked).max() / scale < 1e-3
+    assert np.abs(gathered - ref).max() / scale < 2 * masked_ref + 1e-4   # f16 cache vs F32 reference
+
+
+@requires_backend
 def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa, monkeypatch):
     """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share): with the same prefill + single-token decode
     as sparse, the logits are the dense ones (the selection is computed and not used)."""
