@@ -23,7 +23,7 @@
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
-#             and dense (PROF_ATTN to choose)                                                    (issue 6)
+#             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE)       (issue 6)
 #   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on
 #             the GPU: decode path vs masked path vs kernels_ref, f16 / q8_0 caches with flash attention   (issue 6)
 #   indexer   scripts/bench_dsa_quality.py at ctx 1024 / K 256 and 2048 / K 256 with 8 and 16
@@ -120,7 +120,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
     [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
     c=${PROF_CTX:-32768}
-    python3 scripts/profile_decode.py "$f" --ctx $c --gen 16 | tee "$WORK/profile-wall-$c.json"
+    python3 scripts/profile_decode.py "$f" --ctx $c --gen 16 --kv ${PROF_KV:-f16} | tee "$WORK/profile-wall-$c.json"
     if [ -n "${PROF_PREFILL:-}" ]; then   # one prefill ubatch (the last 512 tokens of the context), sparse
       python3 scripts/profile_decode.py "$f" --ctx $c --what prefill | tee "$WORK/profile-prefill-wall-$c.json"
       ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
@@ -130,7 +130,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     fi
     for m in ${PROF_ATTN:-sparse dense}; do
       ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-        --log-file "$WORK/ncu-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --gen 2 --attn $m --profile \
+        --log-file "$WORK/ncu-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --gen 2 --attn $m --kv ${PROF_KV:-f16} --profile \
         > "$WORK/ncu-$m-$c.log" 2>&1 || tail -5 "$WORK/ncu-$m-$c.log"
       python3 scripts/profile_decode.py --summary "$WORK/ncu-$m-$c.csv" --gen 2 | tee "$WORK/profile-$m-$c.txt" | head -40
     done ;;
