@@ -21,6 +21,8 @@
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #   asqenc    scripts/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
+#   licheck   scripts/cuda/li_check.cu: the patch's lightning-indexer kernel vs a shared-memory-staged candidate vs
+#             a CPU reference, timed for decode and prefill at 4K-128K keys                       (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE)       (issue 6)
@@ -116,6 +118,9 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   asqenc)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/asq_encode_check.cu -o "$WORK/asq_encode_check" \
       && "$WORK/asq_encode_check" | tee "$WORK/asq_encode_check.txt" ;;
+  licheck)
+    nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o "$WORK/li_check" \
+      && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
   profile)
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
     [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
