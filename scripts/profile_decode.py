@@ -47,7 +47,7 @@ def run(a) -> None:
     from dsa_convert.backend.llama_runner import RunnerOptions, open_model
     from dsa_convert.eval import bench
 
-    o = bench.BenchOptions(ctx=[a.ctx], gen=a.gen, attn=a.attn.split(","), kv=a.kv, batch=a.batch)
+    o = bench.BenchOptions(ctx=[a.ctx], gen=a.gen, attn=a.attn.split(","), kv=a.kv, batch=a.batch, force=True)
     fi = bench.validate(Path(a.file), o)
     rows = []
     for attn in o.attn:
