@@ -155,6 +155,8 @@ def eval_cmd(
     attn: Optional[str] = typer.Option(None, help="dense | sparse (| local | random | oracle with torch)"),
     kv: str = typer.Option("f16", help="KV cache: f16 | f32 | q8_0 | q4_0 (these two need --flash-attn) | asq "
                                       "(the file's ASQ prototypes, sparse runs; llama.cpp and torch)"),
+    index_keys: str = typer.Option("f32", "--index-keys", help="DSA indexer-key cache: f32 (exact) | f16 (half "
+                                                             "its bytes; the patched llama.cpp's switch)"),
     ctx: int = typer.Option(512, help="context length (chunk size)"),
     chunks: Optional[int] = typer.Option(None, help="evaluate only the first N chunks"),
     top_k: Optional[int] = typer.Option(None, help="override the file's top-k"),
@@ -187,10 +189,13 @@ def eval_cmd(
         lc = import_llama_cpp()
         ngl = n_gpu_layers if n_gpu_layers is not None else (999 if lc.llama_supports_gpu_offload() else 0)
         res = run(file, evdata.read_eval_text(text_path),
-                  LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, n_gpu_layers=ngl,
-                                  flash_attn=flash_attn, quiet=as_json))
+                  LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, index_keys=index_keys.lower(),
+                                  n_gpu_layers=ngl, flash_attn=flash_attn, quiet=as_json))
     elif backend == "torch":
         from .eval.torch_backend import run_torch_eval
+
+        if index_keys.lower() != "f32":
+            raise BadInputError("--index-keys is a llama.cpp cache switch; the torch backend (kernels_ref) keeps F32 keys")
 
         res = run_torch_eval(file, text_path, ctx=ctx, chunks=chunks, attn=attn or "dense", kv=kv, top_k=top_k,
                              tokenizer=tokenizer, device=device, seed=seed, quiet=as_json)
@@ -287,6 +292,8 @@ def bench(
     n_gpu_layers: int = typer.Option(999, help="layers offloaded to the GPU (CUDA builds)"),
     kv: str = typer.Option("f16", help="KV cache type of the sparse runs: f16 | q8_0 | q4_0 (need --flash-attn) | asq "
                                       "(the file's ASQ prototypes); dense runs use f16 with --kv asq"),
+    index_keys: str = typer.Option("f32", "--index-keys", help="DSA indexer-key cache: f32 (exact) | f16 (half "
+                                                             "its bytes; the patched llama.cpp's switch)"),
     batch: int = typer.Option(512, help="prefill batch (n_batch = n_ubatch)"),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)"),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
@@ -302,7 +309,7 @@ def bench(
     from .eval.bench import BenchOptions, bench as run, parse_attn, parse_int_list, render, write_plot
 
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
-                     kv=kv.lower(), batch=batch, threads=threads, flash_attn=flash_attn, force=force, seed=seed,
+                     kv=kv.lower(), index_keys=index_keys.lower(), batch=batch, threads=threads, flash_attn=flash_attn, force=force, seed=seed,
                      plot=plot, jsonl=jsonl, quiet=as_json)
     rows = run(file, o)
     if plot is not None:

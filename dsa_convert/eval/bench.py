@@ -46,6 +46,7 @@ class BenchOptions:
     attn: list[str] = field(default_factory=lambda: list(ATTN_MODES))
     n_gpu_layers: int = 999
     kv: str = "f16"
+    index_keys: str = "f32"           # indexer-key cache of the sparse runs: f32 | f16
     batch: int = 512                  # n_batch = n_ubatch of the context
     threads: int | None = None        # None: os.cpu_count()
     flash_attn: bool = True
@@ -109,7 +110,8 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         arch = g.arch
         n_train = g.get(f"{arch}.context_length")
         n_train = int(n_train) if n_train is not None else None
-        over = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16")[0] for m in o.attn}
+        over = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16",
+                                 o.index_keys if m == "sparse" else "f32")[0] for m in o.attn}
         top_k = g.get(f"{arch}.attention.indexer.top_k")
     finally:
         g.close()
@@ -204,7 +206,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
                           "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval,
                           "n_graphs_reused": perf.n_reused},
         **kv.report(),
-        "kv_type": o.kv, "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
+        "kv_type": o.kv, "index_keys": o.index_keys if attn == "sparse" else None, "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
         "file": str(path),

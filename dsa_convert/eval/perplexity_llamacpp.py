@@ -24,18 +24,27 @@ class LlamaPplOptions:
     attn: str | None = None            # None = as the file says; "dense" or "sparse"
     top_k: int | None = None
     kv: str = "f16"
+    index_keys: str = "f32"            # the indexer-key cache: f32 (exact) or f16 (half the bytes)
     n_gpu_layers: int = 0
     flash_attn: bool = False
     batch: int | None = None
     quiet: bool = False
 
 
-def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None, kv: str = "f16") -> tuple[dict, dict]:
+INDEX_KEY_TYPES = ("f32", "f16")
+
+
+def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None, kv: str = "f16",
+                  index_keys: str = "f32") -> tuple[dict, dict]:
     """kv_overrides for the per-run switch, and what the run will use."""
     arch = g.arch
     key = f"{arch}.attention.indexer.top_k"
     file_k = g.get(key)
     has_indexer = file_k is not None
+    if index_keys not in INDEX_KEY_TYPES:
+        raise BadInputError(f"unknown --index-keys {index_keys!r} (choose from {', '.join(INDEX_KEY_TYPES)})")
+    if index_keys != "f32" and not has_indexer:
+        raise BadInputError(f"--index-keys {index_keys}: {g.path.name} has no DSA indexer (no indexer-key cache)")
     if kv == "asq":
         if g.get(f"{arch}.dsa.asq.residual_bits") is None:
             raise BadInputError(f"--kv asq: {g.path.name} has no ASQ prototypes (convert with `dsa convert --cluster-num C`)")
@@ -53,15 +62,17 @@ def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None, kv: str = "f
         if top_k <= 0:
             raise BadInputError(f"--top-k must be > 0 (got {top_k})")
         ov[key] = int(top_k)
+    if index_keys == "f16":
+        ov[f"{arch}.dsa.indexer.key_f16"] = True     # the patched llama.cpp's runtime switch (FORMAT.md §6)
     mode = "dense" if (not has_indexer or attn == "dense") else "sparse"
     eff_k = None if mode == "dense" else int(ov.get(key, file_k))
-    return ov, {"attn": mode, "top_k": eff_k}
+    return ov, {"attn": mode, "top_k": eff_k, "index_keys": index_keys if has_indexer else None}
 
 
 def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
     g = GgufFile(path)
     try:
-        ov, mode = dsa_overrides(g, o.attn, o.top_k, o.kv)
+        ov, mode = dsa_overrides(g, o.attn, o.top_k, o.kv, o.index_keys)
     finally:
         g.close()
     lc = import_llama_cpp()
@@ -84,7 +95,8 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
     import llama_cpp
 
     return {"ppl": ppl, "ppl_stderr": err, "tokens": acc.count, "chunks": plan.n_chunk, "ctx": o.ctx,
-            "attn": mode["attn"], "kv": o.kv, "top_k": mode["top_k"], "backend": "llama.cpp",
+            "attn": mode["attn"], "kv": o.kv, "index_keys": mode["index_keys"], "top_k": mode["top_k"],
+            "backend": "llama.cpp",
             "device": "cuda" if (o.n_gpu_layers and llama_cpp.llama_supports_gpu_offload()) else "cpu",
             "flash_attn": o.flash_attn, "n_gpu_layers": o.n_gpu_layers, "file": str(path),
             "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk, **kvlog.report()}
