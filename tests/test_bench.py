@@ -135,6 +135,7 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--kv", "asq"], "no ASQ prototypes"),
     (["--kv", "q4_0", "--no-flash-attn"], "flash attention"),
     (["--gen", "0"], "--gen must be > 0"),
+    (["--index-keys", "q8_0"], "unknown --index-keys"),
 ])
 def test_bench_bad_options(tiny, tmp_path, args, needle):
     png = tmp_path / "p.png"
