@@ -33,6 +33,8 @@ def _fail(msg: str, code: int):
     raise typer.Exit(code)
 
 
+_INDEX_KEYS_HELP = "DSA indexer-key cache: f32 (exact) | f16 (half its bytes; the patched llama.cpp's switch)"
+
 # the last SIGTERM / SIGINT received (set by main()'s handlers): a signal that arrives while numpy or torch
 # probe an object can surface as some other exception (numpy turns errors inside __array__ probing into
 # "could not determine the shape"), which must still end as "terminated" / "interrupted", not "internal error"
@@ -155,8 +157,7 @@ def eval_cmd(
     attn: Optional[str] = typer.Option(None, help="dense | sparse (| local | random | oracle with torch)"),
     kv: str = typer.Option("f16", help="KV cache: f16 | f32 | q8_0 | q4_0 (these two need --flash-attn) | asq "
                                       "(the file's ASQ prototypes, sparse runs; llama.cpp and torch)"),
-    index_keys: str = typer.Option("f32", "--index-keys", help="DSA indexer-key cache: f32 (exact) | f16 (half "
-                                                             "its bytes; the patched llama.cpp's switch)"),
+    index_keys: str = typer.Option("f32", "--index-keys", help=_INDEX_KEYS_HELP),
     ctx: int = typer.Option(512, help="context length (chunk size)"),
     chunks: Optional[int] = typer.Option(None, help="evaluate only the first N chunks"),
     top_k: Optional[int] = typer.Option(None, help="override the file's top-k"),
@@ -292,8 +293,7 @@ def bench(
     n_gpu_layers: int = typer.Option(999, help="layers offloaded to the GPU (CUDA builds)"),
     kv: str = typer.Option("f16", help="KV cache type of the sparse runs: f16 | q8_0 | q4_0 (need --flash-attn) | asq "
                                       "(the file's ASQ prototypes); dense runs use f16 with --kv asq"),
-    index_keys: str = typer.Option("f32", "--index-keys", help="DSA indexer-key cache: f32 (exact) | f16 (half "
-                                                             "its bytes; the patched llama.cpp's switch)"),
+    index_keys: str = typer.Option("f32", "--index-keys", help=_INDEX_KEYS_HELP),
     batch: int = typer.Option(512, help="prefill batch (n_batch = n_ubatch)"),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)"),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
@@ -309,8 +309,8 @@ def bench(
     from .eval.bench import BenchOptions, bench as run, parse_attn, parse_int_list, render, write_plot
 
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
-                     kv=kv.lower(), index_keys=index_keys.lower(), batch=batch, threads=threads, flash_attn=flash_attn, force=force, seed=seed,
-                     plot=plot, jsonl=jsonl, quiet=as_json)
+                     kv=kv.lower(), index_keys=index_keys.lower(), batch=batch, threads=threads,
+                     flash_attn=flash_attn, force=force, seed=seed, plot=plot, jsonl=jsonl, quiet=as_json)
     rows = run(file, o)
     if plot is not None:
         write_plot(rows, plot, f"{file.name} ({rows[0].get('device', '?')}, kv {o.kv}, gen {o.gen})")

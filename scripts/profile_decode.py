@@ -19,12 +19,12 @@ difference between the wall time per token and the GPU-time sum is host work plu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import ctypes
 import json
 import re
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -39,6 +39,20 @@ def _cuda_profiler():
         except OSError:
             continue
     raise SystemExit("error: libcuda not found (--profile needs the CUDA driver)")
+
+
+@contextlib.contextmanager
+def _profiled(on: bool):
+    """cuProfilerStart/Stop around the block (a profiler started with --profile-from-start off sees only it)."""
+    if not on:
+        yield
+        return
+    start, stop = _cuda_profiler()
+    start()
+    try:
+        yield
+    finally:
+        stop()
 
 
 def run(a) -> None:
@@ -61,23 +75,15 @@ def run(a) -> None:
             gen = rng.integers(3, llm.n_vocab(), size=2 * a.gen, dtype=np.int32)
             if a.what == "prefill":      # the last ubatch of the prefill is the measured (profiled) step
                 t_fill = bench._prefill(lc, ctx, prompt[:-a.batch], a.batch)
-                if a.profile:
-                    start, stop = _cuda_profiler()
-                    start()
-                dt = bench._prefill(lc, ctx, prompt[-a.batch:], a.batch)
-                if a.profile:
-                    stop()
+                with _profiled(a.profile):
+                    dt = bench._prefill(lc, ctx, prompt[-a.batch:], a.batch)
                 rows.append({"attn": attn, "ctx": a.ctx, "what": "prefill", "prefill_s": round(t_fill, 3),
                              "last_ubatch_ms": round(1000 * dt, 3), "ubatch": a.batch})
                 continue
             t_fill = bench._prefill(lc, ctx, prompt, a.batch)
             bench._decode_steps(lc, ctx, gen[:a.gen])                  # warm-up: graph reuse, CUDA graphs
-            if a.profile:
-                start, stop = _cuda_profiler()
-                start()
-            dt = bench._decode_steps(lc, ctx, gen[a.gen:])
-            if a.profile:
-                stop()
+            with _profiled(a.profile):
+                dt = bench._decode_steps(lc, ctx, gen[a.gen:])
             rows.append({"attn": attn, "ctx": a.ctx, "what": "decode", "gen": a.gen, "prefill_s": round(t_fill, 3),
                          "decode_ms_per_tok": round(1000 * dt / a.gen, 3),
                          "n_graphs_reused": lc.llama_perf_context(ctx).n_reused})

@@ -63,7 +63,7 @@ def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None, kv: str = "f
             raise BadInputError(f"--top-k must be > 0 (got {top_k})")
         ov[key] = int(top_k)
     if index_keys == "f16":
-        ov[f"{arch}.dsa.indexer.key_f16"] = True     # the patched llama.cpp's runtime switch (FORMAT.md §6)
+        ov[f"{arch}.dsa.indexer.key_f16"] = True     # the patched llama.cpp's runtime switch (FORMAT.md §5b)
     mode = "dense" if (not has_indexer or attn == "dense") else "sparse"
     eff_k = None if mode == "dense" else int(ov.get(key, file_k))
     return ov, {"attn": mode, "top_k": eff_k, "index_keys": index_keys if has_indexer else None}
