@@ -15,7 +15,7 @@
 # Steps (default: topk synth1b bench1b anchor1b synth8b bench8b anchor8b); device-time estimates, H200:
 #   build     dsa backend build --cuda (FA kernels on), in the background; waits up to BUILD_WAIT s (default
 #             540), re-run the step to keep waiting. A full CUDA build with FA is ~10-20 min on 16 cores.
-#   topk      scripts/cuda/run_topk_check.sh: radix-select top-k vs CPU reference (set equality, ties,
+#   topk      scripts/cuda/run_cuda_check.sh topk: radix-select top-k vs CPU reference (set equality, ties,
 #             CUDA-graph replay) + old full sort vs new timings, 4K..128K columns, 1 and 512 rows, k 2048
 #             (~1.5-2.5 min: nvcc ~40 s, the rest is the CPU reference; TOPK_QUICK=1: ~40 s)
 #   synth1b   make_synth_gguf.py llama-3.2-1b Q4_K_M, top-k 2048 (~30-60 s)
@@ -121,7 +121,7 @@ for step in $STEPS; do
     fi ;;
   topk)
     [ -s "$OUT/topk/topk_check.txt" ] && grep -q "ALL OK" "$OUT/topk/topk_check.txt" && { cat "$OUT/topk/topk_check.txt"; continue; }
-    bash scripts/cuda/run_topk_check.sh "$OUT/topk" ${TOPK_QUICK:+--quick} || echo "topk check FAILED (exit $?)" ;;
+    bash scripts/cuda/run_cuda_check.sh topk "$OUT/topk" ${TOPK_QUICK:+--quick} || echo "topk check FAILED (exit $?)" ;;
   synth1b)  need_fa_backend; synth llama-3.2-1b synth-1b-q4_k_m.gguf ;;
   bench1b)  need_fa_backend; bench synth-1b-q4_k_m.gguf 1b "$CTX" ;;
   anchor1b) need_fa_backend; anchor synth-1b-q4_k_m.gguf 1b ;;

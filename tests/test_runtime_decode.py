@@ -83,6 +83,29 @@ def test_decode_gather_flash_attention_f16_cache(tiny_dsa):
 
 
 @requires_backend
+@pytest.mark.parametrize("cache_type", [1, 0], ids=["f16", "f32"])
+def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type):
+    """With flash attention the decode path attends over the picks with one op reading the cache in place
+    (ggml_dsa_sparse_attn, FP32 math). It must match kernels_ref at least as well as the gather + flash-attention
+    form it replaces (LLAMA_DSA_FUSED_ATTN=0), and the two must be different graphs."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(5).integers(3, 320, N)
+    ref = v.ref_logits(str(dsa), toks, sparse=True)
+    fused = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, cache_type=cache_type, flash_attn=True)
+    monkeypatch.setenv("LLAMA_DSA_FUSED_ATTN", "0")
+    unfused = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, cache_type=cache_type, flash_attn=True)
+    scale = ref.max() - ref.min()
+    assert not np.array_equal(fused[PREFILL:], unfused[PREFILL:])   # two different graphs ran
+    np.testing.assert_array_equal(fused[:PREFILL], unfused[:PREFILL])   # prefill: the same masked path
+    err_fused = np.abs(fused - ref)[PREFILL:].max() / scale
+    err_unfused = np.abs(unfused - ref)[PREFILL:].max() / scale
+    print("fused", err_fused, "gather+FA", err_unfused, "fused vs gather+FA", np.abs(fused - unfused).max() / scale)
+    assert np.abs(fused - unfused).max() / scale < 1e-3
+    assert err_fused < 1.5 * err_unfused + 1e-5
+
+
+@requires_backend
 def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa, monkeypatch):
     """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share): with the same prefill + single-token decode
     as sparse, the logits are the dense ones (the selection is computed and not used)."""

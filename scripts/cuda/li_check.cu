@@ -8,7 +8,9 @@
 // the keys: each thread reads its own 256-byte key, so a warp's load touches 32 rows at once.
 // "staged" is the proposed replacement: the block first copies its tile of keys into padded shared memory
 // with coalesced float4 loads, then each thread reads its key from there (conflict-free: row pitch D+1).
-// NOT in the patch: it moves there once this check passes on a GPU. Both are compared with a double-precision
+// In the patch since the fifth session (for one query token per stream), after this check ran on an H200: same
+// errors as "cur" in every case (RESULTS section 4e); the first run's threshold (1e-4) was below what both kernels
+// reach with fast math at 512 tokens (up to 5e-4), hence 1e-3 now. Both are compared with a double-precision
 // CPU reference of sum_h w[h] * relu(q_h . k) + mask (relative error), and timed for decode (1 token) and
 // prefill (512 tokens, 8 per block) at 4K / 32K / 128K keys.
 #include <cuda_runtime.h>
@@ -153,7 +155,7 @@ static int check(int H, int T, int N, std::mt19937 & rng) {
             if (std::isinf(ref) || std::fabs(ref) > 1e29) { if (!(got == ref || std::fabs(got - ref) <= 1e-6*std::fabs(ref))) ++bad; continue; }
             const double e = std::fabs(got - ref)/(1e-3 + std::fabs(acc));
             err[v] = std::max(err[v], e);
-            if (e > 1e-4) ++bad;
+            if (e > 1e-3) ++bad;   // FP32 sums of D*H products with -use_fast_math: up to 5e-4 seen, same for both
         }
         cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
         const int reps = 50;

@@ -1,7 +1,7 @@
 // Standalone check + timing of the CUDA radix-select top-k used by the patched ggml (issue #6).
 //
 // Includes the kernel header of the patched llama.cpp (ggml/src/ggml-cuda/top-k-radix.cuh) — the runner
-// scripts/cuda/run_topk_check.sh extracts it from patches/llama.cpp/*.patch — and checks, on random rows of
+// scripts/cuda/run_cuda_check.sh topk extracts it from patches/llama.cpp/*.patch — and checks, on random rows of
 // 4K..128K columns, 1 and 512 rows, k = 2048 (+ edge cases), that each output row is exactly
 //   {columns with value > v_k} + the lowest-index columns with value == v_k (v_k: the k-th largest value,
 //   in the kernel's total order: -0 < +0), in ascending column order,

@@ -1,0 +1,173 @@
+// Standalone check + timing of the patch's sparse-attention decode kernel (issue #6):
+// ggml/src/ggml-cuda/dsa-sparse-attn-kernels.cuh, attention over the top-k selected cells read straight from the cache.
+//
+//   bash scripts/cuda/run_cuda_check.sh sattn [OUTDIR]      (extracts the header from the patch, compiles, runs)
+//
+// Against a double-precision CPU reference of softmax(scale * q.K[idx] + mask[idx]) V[idx] per (token, head),
+// with F16 and F32 caches, head dims 64 / 128, GQA groups 1 / 4 / 8, 1 and 4 query tokens (2 streams for 4), picks
+// that are masked (-INF) or out of range, a row with every pick masked (-> 0), and the cache strides of a real
+// llama.cpp K/V view (cell stride > row size). Then times the 1B / 8B decode shapes (2048 picks, 32K cells).
+// Exit status 0 iff every case is within 2e-5 relative (of the output row's max |value|).
+#include "dsa-sparse-attn-kernels.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(2); } } while (0)
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static inline uint64_t rng() { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return rng_state; }
+static inline float urand() { return (rng() >> 40) * (1.0f / 16777216.0f); }
+static inline float nrand() { float u = urand() + 1e-7f, v = urand(); return sqrtf(-2.f * logf(u)) * cosf(6.2831853f * v); }
+
+struct Case { int D, n_head, n_head_kv, n_tps, n_strm, n_kv, n_top; bool f16, mask_f16; const char * name; };
+
+template <typename T> static T to_t(float x);
+template <> half  to_t<half>(float x)  { return __float2half(x); }
+template <> float to_t<float>(float x) { return x; }
+static float from_t(half x)  { return __half2float(x); }
+static float from_t(float x) { return x; }
+
+template <typename T>
+static bool run_case(const Case & c, bool timing) {
+    const int D = c.D, nh = c.n_head, nhk = c.n_head_kv, n_tok = c.n_tps*c.n_strm;
+    const int pad = 16;                                       // extra elements per cell (like a view of a wider cache)
+    const size_t cell = (size_t) nhk*D + pad;                 // elements per cell
+    std::vector<float> q((size_t) n_tok*nh*D);
+    for (auto & x : q) x = nrand();
+    std::vector<T> k((size_t) c.n_strm*c.n_kv*cell), v(k.size());
+    for (auto & x : k) x = to_t<T>(nrand());
+    for (auto & x : v) x = to_t<T>(nrand());
+    std::vector<float> mask((size_t) c.n_strm*c.n_tps*c.n_kv);
+    for (auto & x : mask) x = urand() < 0.05f ? -INFINITY : (urand() < 0.5f ? 0.0f : -0.3f*urand());
+    std::vector<half> mask16(mask.size());
+    for (size_t e = 0; e < mask.size(); ++e) mask16[e] = __float2half(mask[e]);
+    std::vector<int32_t> idx((size_t) n_tok*c.n_top);
+    for (int i = 0; i < n_tok; ++i) {
+        for (int j = 0; j < c.n_top; ++j) {
+            int x = (int) (rng() % (uint64_t) c.n_kv);
+            if (j % 97 == 5) x = -1;                          // out of range picks take no part
+            if (j % 89 == 7) x = c.n_kv;
+            idx[(size_t) i*c.n_top + j] = x;
+        }
+    }
+    if (n_tok > 1) { // token 1: every pick masked -> output 0
+        for (int j = 0; j < c.n_top; ++j) idx[(size_t) 1*c.n_top + j] = -1;
+    }
+    const float scale = 1.0f/sqrtf((float) D);
+
+    // CPU reference
+    std::vector<double> ref((size_t) n_tok*nh*D, 0.0);
+    for (int i = 0; i < n_tok; ++i) {
+        const int s = i / c.n_tps, t = i % c.n_tps;
+        for (int h = 0; h < nh; ++h) {
+            const int hk = h / (nh/nhk);
+            std::vector<double> sc(c.n_top, -INFINITY);
+            double mx = -INFINITY;
+            for (int j = 0; j < c.n_top; ++j) {
+                const int cl = idx[(size_t) i*c.n_top + j];
+                if (cl < 0 || cl >= c.n_kv) continue;
+                const double m = c.mask_f16 ? (double) __half2float(mask16[((size_t) s*c.n_tps + t)*c.n_kv + cl])
+                                            : (double) mask[((size_t) s*c.n_tps + t)*c.n_kv + cl];
+                if (std::isinf(m)) continue;
+                double d = 0;
+                for (int e = 0; e < D; ++e) d += (double) q[((size_t) i*nh + h)*D + e]*from_t(k[((size_t) s*c.n_kv + cl)*cell + (size_t) hk*D + e]);
+                sc[j] = d*scale + m;
+                mx = std::max(mx, sc[j]);
+            }
+            double sum = 0;
+            std::vector<double> acc(D, 0.0);
+            for (int j = 0; j < c.n_top; ++j) {
+                if (std::isinf(sc[j])) continue;
+                const int cl = idx[(size_t) i*c.n_top + j];
+                const double pr = exp(sc[j] - mx);
+                sum += pr;
+                for (int e = 0; e < D; ++e) acc[e] += pr*from_t(v[((size_t) s*c.n_kv + cl)*cell + (size_t) hk*D + e]);
+            }
+            for (int e = 0; e < D; ++e) ref[((size_t) i*nh + h)*D + e] = sum > 0 ? acc[e]/sum : 0.0;
+        }
+    }
+
+    float * dq; T * dk; T * dv; void * dm; int32_t * di; float * dd; void * scratch;
+    CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dk, k.size()*sizeof(T))); CK(cudaMemcpy(dk, k.data(), k.size()*sizeof(T), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dv, v.size()*sizeof(T))); CK(cudaMemcpy(dv, v.data(), v.size()*sizeof(T), cudaMemcpyHostToDevice));
+    const size_t msz = c.mask_f16 ? mask16.size()*2 : mask.size()*4;
+    CK(cudaMalloc(&dm, msz));
+    CK(cudaMemcpy(dm, c.mask_f16 ? (const void *) mask16.data() : (const void *) mask.data(), msz, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&di, idx.size()*4)); CK(cudaMemcpy(di, idx.data(), idx.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dd, ref.size()*4));
+    int dev; CK(cudaGetDevice(&dev)); cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, dev));
+    const int n_split = dsa_sattn_n_split(c.n_top, nhk, n_tok, prop.multiProcessorCount);
+    CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, n_split)));
+
+    dsa_sattn_params p{};
+    p.q = (const char *) dq; p.k = (const char *) dk; p.v = (const char *) dv; p.mask = (const char *) dm; p.idx = di; p.dst = dd;
+    p.n_head = nh; p.n_head_kv = nhk; p.n_tok = n_tok; p.n_tps = c.n_tps; p.n_top = c.n_top; p.n_kv = c.n_kv;
+    p.q_nb1 = (size_t) D*4; p.q_nb2 = (size_t) nh*D*4;
+    p.k_nb1 = p.v_nb1 = (size_t) D*sizeof(T); p.k_nb2 = p.v_nb2 = cell*sizeof(T); p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell*sizeof(T);
+    p.m_nb1 = (size_t) c.n_kv*(c.mask_f16 ? 2 : 4); p.m_nb3 = p.m_nb1*c.n_tps;
+    p.scale = scale; p.mask_f16 = c.mask_f16;
+    CK(dsa_sattn_launch<T>(p, D, n_split, scratch, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<float> out(ref.size());
+    CK(cudaMemcpy(out.data(), dd, out.size()*4, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int r = 0; r < n_tok*nh; ++r) {
+        double amax = 1e-30, err = 0;
+        for (int e = 0; e < D; ++e) amax = std::max(amax, std::fabs(ref[(size_t) r*D + e]));
+        for (int e = 0; e < D; ++e) err = std::max(err, std::fabs(out[(size_t) r*D + e] - ref[(size_t) r*D + e]));
+        const bool zero_row = n_tok > 1 && r / nh == 1;
+        worst = std::max(worst, zero_row ? err : err/amax);
+    }
+    const bool ok = worst < 2e-5 && std::isfinite(worst);
+    printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e %s",
+           c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split,
+           worst, ok ? "OK" : "FAIL");
+    if (timing) {
+        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        for (int r = 0; r < 20; ++r) CK(dsa_sattn_launch<T>(p, D, n_split, scratch, 0));
+        const int reps = 200;
+        CK(cudaEventRecord(e0));
+        for (int r = 0; r < reps; ++r) CK(dsa_sattn_launch<T>(p, D, n_split, scratch, 0));
+        CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double bytes = (double) n_tok*nhk*c.n_top*2.0*D*sizeof(T);
+        printf("  | %.2f us/call (K/V picks %.2f MB, %.0f GB/s)", 1e3*ms/reps, bytes/1e6, bytes/(1e-3*ms/reps)/1e9);
+    }
+    printf("\n");
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dm); cudaFree(di); cudaFree(dd); cudaFree(scratch);
+    return ok;
+}
+
+int main() {
+    const Case cases[] = {
+        {64,  32, 8, 1, 1, 4096,  2048, true,  true,  "1B decode, f16"},
+        {64,  32, 8, 2, 2, 3000,  512,  true,  true,  "1B 4 tokens 2 streams, f16"},
+        {128, 32, 8, 1, 1, 4096,  2048, true,  true,  "8B decode, f16"},
+        {128, 32, 8, 4, 1, 5000,  700,  true,  false, "8B 4 tokens, f16, f32 mask"},
+        {64,  16, 16, 1, 1, 2000, 300,  false, false, "MHA, f32 cache"},
+        {128, 64, 8, 3, 1, 2500,  1000, false, true,  "G 8, f32 cache"},
+        {256, 8,  2, 1, 1, 1000,  100,  true,  true,  "D 256"},
+        {64,  12, 4, 2, 1, 100,   7,    true,  true,  "G 3, few picks"},
+    };
+    bool all = true;
+    for (const Case & c : cases) {
+        all &= c.f16 ? run_case<half>(c, false) : run_case<float>(c, false);
+    }
+    printf("-- timing (2048 picks of 32K cells)\n");
+    const Case tcases[] = {
+        {64,  32, 8, 1, 1, 32768, 2048, true, true, "1B shape decode"},
+        {128, 32, 8, 1, 1, 32768, 2048, true, true, "8B shape decode"},
+        {64,  32, 8, 4, 1, 32768, 2048, true, true, "1B shape 4 tokens"},
+    };
+    for (const Case & c : tcases) {
+        all &= run_case<half>(c, true);
+    }
+    printf("%s\n", all ? "ALL OK" : "SOME FAILED");
+    return all ? 0 : 1;
+}
