@@ -10,6 +10,7 @@
 // lower c), then the residual / scale / levels as before. NOT yet in the patch: it moves there once this
 // check passes on a GPU. Both are compared with a CPU reference of FORMAT.md section 6 (codes equal, or an
 // exact-distance tie within float rounding; then scale and levels byte-equal), and timed for 1 and 512 tokens.
+#include "check_common.cuh"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -22,8 +23,6 @@
 #include <random>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(2); } } while (0)
 
 #define WARP_SIZE 32
 #define MAX_PER_LANE 8

@@ -13,6 +13,7 @@
 // reach with fast math at 512 tokens (up to 5e-4), hence 1e-3 now. Both are compared with a double-precision
 // CPU reference of sum_h w[h] * relu(q_h . k) + mask (relative error), and timed for decode (1 token) and
 // prefill (512 tokens, 8 per block) at 4K / 32K / 128K keys.
+#include "check_common.cuh"
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,8 +24,6 @@
 #include <random>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(2); } } while (0)
 
 // ---------------------------------------------------------------- cur (copy of the patch's kernel, F32 K and mask)
 #define CUR_THREADS 128

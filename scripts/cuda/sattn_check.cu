@@ -8,6 +8,7 @@
 // that are masked (-INF) or out of range, a row with every pick masked (-> 0), and the cache strides of a real
 // llama.cpp K/V view (cell stride > row size). Then times the 1B / 8B decode shapes (2048 picks, 32K cells).
 // Exit status 0 iff every case is within 2e-5 relative (of the output row's max |value|).
+#include "check_common.cuh"
 #include "dsa-sparse-attn-kernels.cuh"
 
 #include <cmath>
@@ -16,13 +17,6 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(2); } } while (0)
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static inline uint64_t rng() { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return rng_state; }
-static inline float urand() { return (rng() >> 40) * (1.0f / 16777216.0f); }
-static inline float nrand() { float u = urand() + 1e-7f, v = urand(); return sqrtf(-2.f * logf(u)) * cosf(6.2831853f * v); }
 
 struct Case { int D, n_head, n_head_kv, n_tps, n_strm, n_kv, n_top; bool f16, mask_f16; const char * name; };
 

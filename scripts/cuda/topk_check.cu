@@ -14,6 +14,7 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
 // Exit status 0 iff every check passed.
+#include "check_common.cuh"
 #include "top-k-radix.cuh"
 
 #include <cub/cub.cuh>
@@ -27,13 +28,6 @@
 #include <string>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(2); } } while (0)
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static inline uint64_t rng() { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return rng_state; }
-static inline float urand() { return (rng() >> 40) * (1.0f / 16777216.0f); }
-static inline float nrand() { float u = urand() + 1e-7f, v = urand(); return sqrtf(-2.f * logf(u)) * cosf(6.2831853f * v); }
 
 static inline uint32_t host_key(float v) {
     uint32_t b; memcpy(&b, &v, 4);
