@@ -30,6 +30,7 @@
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE)       (issue 6)
 #   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on
 #             the GPU: decode path vs masked path vs kernels_ref, f16 / q8_0 caches with flash attention   (issue 6)
+#             (DV_F32=1: the copy's weights widened to F32)
 #   indexer   scripts/bench_dsa_quality.py at ctx 1024 / K 256 and 2048 / K 256 with 8 and 16
 #             indexer heads (issue 3's remaining gap to the oracle)
 #
@@ -148,8 +149,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   decodeverify)
     # the decode path on the GPU vs the masked path vs kernels_ref (scripts/verify_dsa_patch.py) on a stock copy of
     # $DSA_FILE with a random indexer (H 4, D 64): sparse prefill, single-token decodes, ubatch 4, f16 / q8_0 + FA
-    python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock.gguf"
-    python3 scripts/verify_dsa_patch.py "$WORK/ref-stock.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify.txt" ;;
+    # DV_F32=1: the stock copy's F16 weights widened to F32 (the GPU then multiplies the same weights as the CPU
+    # reference, so the absolute checks test the CUDA decode path rather than F16 rounding)
+    sfx=${DV_F32:+-f32}
+    python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock$sfx.gguf" ${DV_F32:+--f32}
+    python3 scripts/verify_dsa_patch.py "$WORK/ref-stock$sfx.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify$sfx.txt" ;;
   indexer)
     for h in 8 16; do
       [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \
