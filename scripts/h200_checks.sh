@@ -96,9 +96,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   asqspeed)
     [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
       --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
-    for kv in q4_0 asq; do
-      dsa bench "$WORK/synth-1b-asq.gguf" --ctx 65536 --gen 32 --attn sparse --kv $kv --flash-attn --n-gpu-layers 999 \
-        --force --jsonl "$WORK/asqspeed.jsonl" > /dev/null || true
+    # asq+op: the decode path's in-place attention op over the ASQ cache (opt-in LLAMA_DSA_FUSED_ASQ=1)
+    for kv in q4_0 asq asq+op; do
+      LLAMA_DSA_FUSED_ASQ=$([ $kv = asq+op ] && echo 1 || echo 0) dsa bench "$WORK/synth-1b-asq.gguf" --ctx 65536 \
+        --gen 32 --attn sparse --kv ${kv%+op} --flash-attn --n-gpu-layers 999 --force --jsonl "$WORK/asqspeed.jsonl" \
+        > /dev/null || true
     done
     cat "$WORK/asqspeed.jsonl" ;;
   speed)

@@ -107,7 +107,8 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
 
 
 @requires_backend
-def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path):
+def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_DSA_FUSED_ATTN", "0")   # the patch's switches in effect are recorded with the row
     jl = tmp_path / "runs.jsonl"
     r = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--attn", "dense", "--kv", "q8_0",
                 "--threads", "1", "--jsonl", str(jl))
@@ -115,6 +116,7 @@ def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path):
     assert "decode tok/s" in r.stdout and "dense" in r.stdout
     rows = [json.loads(line) for line in jl.read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["kv_type"] == "q8_0" and rows[0]["kv_bytes"] > 0
+    assert rows[0]["llama_env"].get("LLAMA_DSA_FUSED_ATTN") == "0"
 
 
 @requires_backend

@@ -19,26 +19,33 @@ REPO = Path(__file__).resolve().parents[1]
 TOPK, SINK, LOCAL, N, PREFILL, C = 24, 2, 6, 72, 20, 16
 
 
-@pytest.fixture(scope="module", params=[("mistral-gqa", "pre_rope", 4), ("qwen3-qknorm-headdim", "post_rope", 8)],
-                ids=["gqa-pre_rope-b4", "qwen3-post_rope-b8"])
-def tiny_asq(request, tmp_path_factory):
+def _make_asq(root: Path, kind: str, key_space: str, bits: int):
     """(stock gguf, DSA gguf with random indexer + ASQ prototypes on every layer, arch, key space, bits)."""
     from dsa_convert.convert import ConvertOptions, convert
+    from dsa_convert.formats.gguf_read import GgufFile
 
-    kind, key_space, bits = request.param
-    root = tmp_path_factory.mktemp("asq")
     plain, dsa = root / "plain.gguf", root / "dsa.gguf"
     convert(ConvertOptions(make_tiny_model(root / "m", kind), plain, outtype="f32", quiet=True))
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_dsa_gguf.py"), str(plain), str(dsa),
                     "--heads", "2", "--dim", "32", "--rope-dim", "16", "--top-k", str(TOPK), "--sink", str(SINK),
                     "--local", str(LOCAL), "--asq", str(C), "--asq-bits", str(bits), "--asq-key-space", key_space],
                    check=True, capture_output=True)
-    from dsa_convert.formats.gguf_read import GgufFile
-
     g = GgufFile(dsa)
     arch = g.arch
     g.close()
     return plain, dsa, arch, key_space, bits
+
+
+@pytest.fixture(scope="module", params=[("mistral-gqa", "pre_rope", 4), ("qwen3-qknorm-headdim", "post_rope", 8)],
+                ids=["gqa-pre_rope-b4", "qwen3-post_rope-b8"])
+def tiny_asq(request, tmp_path_factory):
+    return _make_asq(tmp_path_factory.mktemp("asq"), *request.param)
+
+
+@pytest.fixture(scope="module")
+def tiny_asq_neox_pre_rope(tmp_path_factory):
+    """qwen3 (NEOX RoPE) with a pre-RoPE ASQ key cache: the in-op RoPE's NEOX pairing."""
+    return _make_asq(tmp_path_factory.mktemp("asq-neox"), "qwen3-qknorm-headdim", "pre_rope", 4)
 
 
 @requires_backend
@@ -77,6 +84,39 @@ def test_asq_decode_with_flash_attention(tiny_asq):
     # layer's top-k for a row (seen once: the same row, by the same amount, on the masked FA path): per-row check
     row_err = np.abs(decode - ref).max(axis=1) / scale
     assert np.median(row_err) < 1e-3 and np.mean(row_err < 3e-3) > 0.95
+
+
+def _check_fused_asq(model, monkeypatch):
+    """LLAMA_DSA_FUSED_ASQ=1: the decode path attends over the picks with one op that decodes the ASQ rows in place
+    (pre-RoPE keys RoPE'd at their cells' positions inside the op) instead of decoding them into F32 copies, a RoPE
+    pass and flash attention. It must agree with that form and follow kernels_ref's ASQ math."""
+    plain, dsa, arch, _, _ = model
+    v = verify_module()
+    toks = np.random.default_rng(5).integers(3, 320, N)
+    ref = v.ref_logits(str(dsa), toks, sparse=True, kv="asq")
+    unfused = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, flash_attn=True)
+    monkeypatch.setenv("LLAMA_DSA_FUSED_ASQ", "1")
+    fused = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, flash_attn=True)
+    fused_ub4 = v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=4, flash_attn=True)
+    scale = ref.max() - ref.min()
+    assert not np.array_equal(fused[PREFILL:], unfused[PREFILL:])     # two different graphs ran
+    np.testing.assert_array_equal(fused[:PREFILL], unfused[:PREFILL])  # prefill: the same masked path
+    print("fused vs decode+FA", np.abs(fused - unfused).max() / scale, "fused vs ref", np.abs(fused - ref).max() / scale,
+          "ubatch 4 vs ref", np.abs(fused_ub4 - ref).max() / scale)
+    assert np.abs(fused - unfused).max() / scale < 2e-3
+    for got in (fused, fused_ub4):
+        row_err = np.abs(got - ref).max(axis=1) / scale
+        assert np.median(row_err) < 1e-3 and np.mean(row_err < 3e-3) > 0.95
+
+
+@requires_backend
+def test_asq_decode_fused_attention(tiny_asq, monkeypatch):
+    _check_fused_asq(tiny_asq, monkeypatch)
+
+
+@requires_backend
+def test_asq_decode_fused_attention_neox_pre_rope(tiny_asq_neox_pre_rope, monkeypatch):
+    _check_fused_asq(tiny_asq_neox_pre_rope, monkeypatch)
 
 
 @requires_backend

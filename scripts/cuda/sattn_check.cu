@@ -7,10 +7,13 @@
 // with F16 and F32 caches, head dims 64 / 128, GQA groups 1 / 4 / 8, 1 and 4 query tokens (2 streams for 4), picks
 // that are masked (-INF) or out of range, a row with every pick masked (-> 0), and the cache strides of a real
 // llama.cpp K/V view (cell stride > row size). Then times the 1B / 8B decode shapes (2048 picks, 32K cells).
-// Exit status 0 iff every case is within 2e-5 relative (of the output row's max |value|).
+// ASQ caches (decoded in the kernel, pre-RoPE keys rotated there): NORM / NEOX, partial RoPE, YaRN, freq factors,
+// 4 / 8 bits, and the 1B / 8B decode shapes' timing.
+// Exit status 0 iff every case is within 2e-5 (ASQ: 1e-4) relative (of the output row's max |value|).
 #include "check_common.cuh"
 #include "dsa-sparse-attn-kernels.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -138,6 +141,170 @@ static bool run_case(const Case & c, bool timing) {
     return ok;
 }
 
+// ---------------------------------------------------------------------------------------------- ASQ caches
+// The same op over ASQ vectors (code u8, scale f16, levels; FORMAT.md section 6) decoded in the kernel, pre-RoPE
+// keys rotated at their cells' positions (ggml_rope_ext's NORM / NEOX pairing and YaRN ramp). The reference takes
+// theta = float(pos) * float(inv_freq) in float like the kernel (ggml's own rope does too) and the rest in double.
+struct AsqCase { int D, n_head, n_head_kv, n_tps, n_kv, n_top, bits, C, rope, n_dims; float ext_factor; bool ff; const char * name; };
+
+static bool run_asq_case(const AsqCase & c, bool timing) {
+    const int D = c.D, nh = c.n_head, nhk = c.n_head_kv, n_tok = c.n_tps, G = nh/nhk;
+    const int vb = 3 + D*c.bits/8, pad = 5;
+    const size_t cell = (size_t) nhk*vb + pad;                // bytes per cell (odd: byte-aligned rows)
+    std::vector<float> q((size_t) n_tok*nh*D), pk((size_t) nhk*c.C*D), pv(pk.size());
+    for (auto & x : q) x = nrand();
+    for (auto & x : pk) x = nrand();
+    for (auto & x : pv) x = nrand();
+    std::vector<uint8_t> k((size_t) c.n_kv*cell), v(k.size());
+    for (auto * buf : {&k, &v}) {
+        for (int cl = 0; cl < c.n_kv; ++cl) {
+            for (int h = 0; h < nhk; ++h) {
+                uint8_t * r = buf->data() + (size_t) cl*cell + (size_t) h*vb;
+                r[0] = (uint8_t) (rng() % (uint64_t) c.C);
+                const half d = __float2half(0.01f + 0.05f*urand());
+                const uint16_t db = __half_as_ushort(d);
+                r[1] = (uint8_t) (db & 0xFF); r[2] = (uint8_t) (db >> 8);
+                for (int b = 3; b < vb; ++b) r[b] = c.bits == 8 ? (uint8_t) (int8_t) ((int) (rng() % 255) - 127) : (uint8_t) rng();
+            }
+        }
+    }
+    std::vector<int32_t> pos(c.n_kv);
+    for (int cl = 0; cl < c.n_kv; ++cl) pos[cl] = (cl*7 + 3) % 2000;   // cells out of position order
+    std::vector<float> ff(D/2);
+    for (auto & x : ff) x = 1.0f + 3.0f*urand();
+    std::vector<half> mask((size_t) c.n_tps*c.n_kv);
+    for (auto & x : mask) x = __float2half(urand() < 0.05f ? -INFINITY : (urand() < 0.5f ? 0.0f : -0.3f*urand()));
+    std::vector<int32_t> idx((size_t) n_tok*c.n_top);
+    for (auto & x : idx) x = (int) (rng() % (uint64_t) c.n_kv);
+    const float scale = 1.0f/sqrtf((float) D);
+    const float freq_base = 10000.0f, freq_scale = c.ext_factor != 0.0f ? 0.5f : 1.0f, attn_factor = 1.0f;
+    const float corr0 = 4.0f, corr1 = 20.0f, theta_scale = powf(freq_base, -2.0f/(c.n_dims > 0 ? c.n_dims : 2));
+
+    auto decode = [&](const std::vector<uint8_t> & buf, const std::vector<float> & P, int cl, int h, double * out) {
+        const uint8_t * r = buf.data() + (size_t) cl*cell + (size_t) h*vb;
+        const double d = __half2float(__ushort_as_half((unsigned short) (r[1] | (r[2] << 8))));
+        for (int e = 0; e < D; ++e) {
+            const int lv = c.bits == 4 ? (int) ((r[3 + e/2] >> (4*(e & 1))) & 0x0F) - 8 : (int) (int8_t) r[3 + e];
+            out[e] = P[((size_t) h*c.C + r[0])*D + e] + d*lv;
+        }
+    };
+    auto rope = [&](double * x, int p) {
+        auto cs = [&](int j, int i0, double & co, double & si) {
+            const float inv = powf(theta_scale, (float) j)/(c.ff ? ff[j] : 1.0f);
+            const double ext = (double) ((float) p*inv);
+            double th = freq_scale*ext, ms = attn_factor;
+            if (c.ext_factor != 0.0f) {
+                const double y = (i0/2 - corr0)/std::max(0.001, (double) (corr1 - corr0));
+                const double mix = (1.0 - std::min(1.0, std::max(0.0, y)))*c.ext_factor;
+                th = th*(1 - mix) + ext*mix;
+                ms *= 1.0 + 0.1*log(1.0/freq_scale);
+            }
+            co = cos(th)*ms; si = sin(th)*ms;
+        };
+        if (c.rope == 1) {
+            for (int i0 = 0; i0 < c.n_dims; i0 += 2) {
+                double co, si; cs(i0/2, i0, co, si);
+                const double x0 = x[i0], x1 = x[i0 + 1];
+                x[i0] = x0*co - x1*si; x[i0 + 1] = x0*si + x1*co;
+            }
+        } else if (c.rope == 2) {
+            const int half_d = c.n_dims/2;
+            for (int j = 0; j < half_d; ++j) {
+                double co, si; cs(j, 2*j, co, si);
+                const double x0 = x[j], x1 = x[j + half_d];
+                x[j] = x0*co - x1*si; x[j + half_d] = x0*si + x1*co;
+            }
+        }
+    };
+    std::vector<double> ref((size_t) n_tok*nh*D, 0.0), kd(D), vd(D);
+    for (int i = 0; i < n_tok; ++i) {
+        for (int h = 0; h < nh; ++h) {
+            const int hk = h / G;
+            std::vector<double> sc(c.n_top, -INFINITY);
+            double mx = -INFINITY;
+            for (int j = 0; j < c.n_top; ++j) {
+                const int cl = idx[(size_t) i*c.n_top + j];
+                const double m = __half2float(mask[(size_t) i*c.n_kv + cl]);
+                if (std::isinf(m)) continue;
+                decode(k, pk, cl, hk, kd.data());
+                rope(kd.data(), pos[cl]);
+                double d = 0;
+                for (int e = 0; e < D; ++e) d += (double) q[((size_t) i*nh + h)*D + e]*kd[e];
+                sc[j] = d*scale + m;
+                mx = std::max(mx, sc[j]);
+            }
+            double sum = 0;
+            std::vector<double> acc(D, 0.0);
+            for (int j = 0; j < c.n_top; ++j) {
+                if (std::isinf(sc[j])) continue;
+                const double pr = exp(sc[j] - mx);
+                sum += pr;
+                decode(v, pv, idx[(size_t) i*c.n_top + j], hk, vd.data());
+                for (int e = 0; e < D; ++e) acc[e] += pr*vd[e];
+            }
+            for (int e = 0; e < D; ++e) ref[((size_t) i*nh + h)*D + e] = sum > 0 ? acc[e]/sum : 0.0;
+        }
+    }
+
+    float *dq, *dpk, *dpv, *dff, *dd; uint8_t *dk, *dv; half * dm; int32_t *di, *dpos; void * scratch;
+    CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dpk, pk.size()*4)); CK(cudaMemcpy(dpk, pk.data(), pk.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dpv, pv.size()*4)); CK(cudaMemcpy(dpv, pv.data(), pv.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dff, ff.size()*4)); CK(cudaMemcpy(dff, ff.data(), ff.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dk, k.size())); CK(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dv, v.size())); CK(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dm, mask.size()*2)); CK(cudaMemcpy(dm, mask.data(), mask.size()*2, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&di, idx.size()*4)); CK(cudaMemcpy(di, idx.data(), idx.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dpos, pos.size()*4)); CK(cudaMemcpy(dpos, pos.data(), pos.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dd, ref.size()*4));
+    int dev; CK(cudaGetDevice(&dev)); cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, dev));
+    const int n_split = dsa_sattn_n_split(c.n_top, nhk, n_tok, prop.multiProcessorCount);
+    CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, n_split)));
+
+    dsa_sattn_params p{};
+    p.q = (const char *) dq; p.k = (const char *) dk; p.v = (const char *) dv; p.mask = (const char *) dm; p.idx = di; p.dst = dd;
+    p.n_head = nh; p.n_head_kv = nhk; p.n_tok = n_tok; p.n_tps = c.n_tps; p.n_top = c.n_top; p.n_kv = c.n_kv;
+    p.q_nb1 = (size_t) D*4; p.q_nb2 = (size_t) nh*D*4;
+    p.k_nb1 = p.v_nb1 = (size_t) vb; p.k_nb2 = p.v_nb2 = cell; p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell;
+    p.m_nb1 = (size_t) c.n_kv*2; p.m_nb3 = p.m_nb1*c.n_tps;
+    p.scale = scale; p.mask_f16 = true;
+    p.pk = dpk; p.pv = dpv; p.n_proto = c.C;
+    p.kpos = c.rope ? dpos : nullptr; p.freq_factors = c.ff ? dff : nullptr; p.n_dims = c.n_dims; p.neox = c.rope == 2;
+    p.theta_scale = theta_scale; p.freq_scale = freq_scale; p.ext_factor = c.ext_factor; p.attn_factor = attn_factor;
+    p.corr0 = corr0; p.corr1 = corr1;
+    auto launch = [&]() { return c.bits == 4 ? dsa_sattn_launch<uint8_t, 4>(p, D, n_split, scratch, 0)
+                                             : dsa_sattn_launch<uint8_t, 8>(p, D, n_split, scratch, 0); };
+    CK(launch());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> out(ref.size());
+    CK(cudaMemcpy(out.data(), dd, out.size()*4, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int r = 0; r < n_tok*nh; ++r) {
+        double amax = 1e-30, err = 0;
+        for (int e = 0; e < D; ++e) amax = std::max(amax, std::fabs(ref[(size_t) r*D + e]));
+        for (int e = 0; e < D; ++e) err = std::max(err, std::fabs(out[(size_t) r*D + e] - ref[(size_t) r*D + e]));
+        worst = std::max(worst, err/amax);
+    }
+    const bool ok = worst < 1e-4 && std::isfinite(worst);
+    printf("ASQ %-30s D %3d heads %2d/%d tok %d kv %6d top %4d b%d C %3d rope %s/%d split %2d: max rel err %.2e %s",
+           c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.bits, c.C, c.rope == 0 ? "none" : c.rope == 1 ? "norm" : "neox",
+           c.n_dims, n_split, worst, ok ? "OK" : "FAIL");
+    if (timing) {
+        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        for (int r = 0; r < 20; ++r) CK(launch());
+        const int reps = 200;
+        CK(cudaEventRecord(e0));
+        for (int r = 0; r < reps; ++r) CK(launch());
+        CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        printf("  | %.2f us/call", 1e3*ms/reps);
+    }
+    printf("\n");
+    for (void * ptr : {(void *) dq, (void *) dpk, (void *) dpv, (void *) dff, (void *) dk, (void *) dv, (void *) dm,
+                       (void *) di, (void *) dpos, (void *) dd, scratch}) cudaFree(ptr);
+    return ok;
+}
+
 int main() {
     const Case cases[] = {
         {64,  32, 8, 1, 1, 4096,  2048, true,  true,  "1B decode, f16"},
@@ -153,6 +320,16 @@ int main() {
     for (const Case & c : cases) {
         all &= c.f16 ? run_case<half>(c, false) : run_case<float>(c, false);
     }
+    const AsqCase acases[] = {
+        {64,  32, 8, 1, 3000, 2048, 4, 64,  1, 64,  0.0f, false, "1B-like, NORM RoPE"},
+        {128, 32, 8, 2, 3000, 700,  8, 16,  2, 128, 0.0f, true,  "8B-like, NEOX RoPE, freq factors"},
+        {128, 16, 8, 1, 2000, 500,  4, 256, 2, 64,  1.0f, false, "partial NEOX RoPE, YaRN"},
+        {64,  16, 2, 3, 2500, 600,  8, 32,  1, 32,  1.0f, true,  "G 8, partial NORM, YaRN"},
+        {64,  8,  8, 1, 1000, 300,  4, 64,  0, 0,   0.0f, false, "post-RoPE keys"},
+    };
+    for (const AsqCase & c : acases) {
+        all &= run_asq_case(c, false);
+    }
     printf("-- timing (2048 picks of 32K cells)\n");
     const Case tcases[] = {
         {64,  32, 8, 1, 1, 32768, 2048, true, true, "1B shape decode"},
@@ -162,6 +339,8 @@ int main() {
     for (const Case & c : tcases) {
         all &= run_case<half>(c, true);
     }
+    all &= run_asq_case({64, 32, 8, 1, 32768, 2048, 4, 64, 1, 64, 0.0f, false, "1B shape decode, b4, RoPE"}, true);
+    all &= run_asq_case({128, 32, 8, 1, 32768, 2048, 4, 64, 2, 128, 0.0f, false, "8B shape decode, b4, RoPE"}, true);
     printf("%s\n", all ? "ALL OK" : "SOME FAILED");
     return all ? 0 : 1;
 }
