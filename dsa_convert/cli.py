@@ -301,6 +301,8 @@ def bench(
     seed: int = typer.Option(0, help="seed of the random token ids"),
     plot: Optional[Path] = typer.Option(None, help="PNG: decode tok/s vs context, sparse and dense"),
     jsonl: Optional[Path] = typer.Option(None, help="append each run's JSON object to this file as it finishes"),
+    variant: list[str] = typer.Option([], "--variant", help="LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with "
+                                                            "that patch switch set (repeatable; docs/PATCH.md)"),
     as_json: bool = typer.Option(False, "--json", help="print the list of runs as JSON"),
 ):
     """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""
@@ -310,7 +312,8 @@ def bench(
 
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
                      kv=kv.lower(), index_keys=index_keys.lower(), batch=batch, threads=threads,
-                     flash_attn=flash_attn, force=force, seed=seed, plot=plot, jsonl=jsonl, quiet=as_json)
+                     flash_attn=flash_attn, force=force, seed=seed, plot=plot, jsonl=jsonl, variants=list(variant),
+                     quiet=as_json)
     rows = run(file, o)
     if plot is not None:
         write_plot(rows, plot, f"{file.name} ({rows[0].get('device', '?')}, kv {o.kv}, gen {o.gen})")

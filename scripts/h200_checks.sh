@@ -19,6 +19,8 @@
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on                     (issue 7)
 #   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
+#             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
+#             of LLAMA_DSA_FUSED_ATTN=0)
 #   asqenc    scripts/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
 #   licheck   scripts/cuda/li_check.cu: the patch's lightning-indexer kernel vs a shared-memory-staged candidate vs
@@ -96,11 +98,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   asqspeed)
     [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
       --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
-    # asq+op: the decode path's in-place attention op over the ASQ cache (opt-in LLAMA_DSA_FUSED_ASQ=1)
-    for kv in q4_0 asq asq+op; do
-      LLAMA_DSA_FUSED_ASQ=$([ $kv = asq+op ] && echo 1 || echo 0) dsa bench "$WORK/synth-1b-asq.gguf" --ctx 65536 \
-        --gen 32 --attn sparse --kv ${kv%+op} --flash-attn --n-gpu-layers 999 --force --jsonl "$WORK/asqspeed.jsonl" \
-        > /dev/null || true
+    # asq also with the decode path's in-place attention op over the ASQ cache (opt-in LLAMA_DSA_FUSED_ASQ=1),
+    # in the same sweep (--variant)
+    for kv in q4_0 asq; do
+      dsa bench "$WORK/synth-1b-asq.gguf" --ctx 65536 --gen 32 --attn sparse --kv $kv --flash-attn --n-gpu-layers 999 \
+        --force --jsonl "$WORK/asqspeed.jsonl" $([ $kv = asq ] && echo --variant LLAMA_DSA_FUSED_ASQ=1) > /dev/null || true
     done
     cat "$WORK/asqspeed.jsonl" ;;
   speed)
@@ -116,7 +118,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     for f in "${files[@]}"; do
       for c in $(echo "${SPEED_CTX:-16384,65536,131072}" | tr , ' '); do
         dsa bench "$f" --ctx $c --gen 32 --attn sparse,dense --kv f16 --flash-attn --n-gpu-layers 999 --force \
-          --jsonl "$WORK/speed.jsonl" > /dev/null || true
+          ${SPEED_VARIANT:+--variant $SPEED_VARIANT} --jsonl "$WORK/speed.jsonl" > /dev/null || true
       done
     done
     cat "$WORK/speed.jsonl" ;;

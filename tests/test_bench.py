@@ -120,6 +120,23 @@ def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
 
 
 @requires_backend
+def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
+    """--variant LLAMA_DSA_FUSED_ATTN=0: per ctx one more sparse run with the switch set (the A/B in one run);
+    the plain runs do not see it, and the environment is restored afterwards."""
+    monkeypatch.delenv("LLAMA_DSA_FUSED_ATTN", raising=False)
+    r = run_dsa("bench", str(tiny), "--ctx", "64,128", "--gen", "2", "--threads", "1", "--n-gpu-layers", "0",
+                "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["ctx"], x["attn"], x["variant"]) for x in rows] == [
+        (64, "sparse", None), (64, "dense", None), (64, "sparse", "LLAMA_DSA_FUSED_ATTN=0"),
+        (128, "sparse", None), (128, "dense", None), (128, "sparse", "LLAMA_DSA_FUSED_ATTN=0")]
+    for x in rows:
+        assert x["llama_env"].get("LLAMA_DSA_FUSED_ATTN") == ("0" if x["variant"] else None), x["llama_env"]
+    assert rows[2]["decode_tok_s"] > 0 and "indexer_share_decode_est" in rows[2]
+
+
+@requires_backend
 def test_bench_force_allows_ctx_beyond_training(tiny):
     r = run_dsa("bench", str(tiny), "--ctx", "2100", "--gen", "2", "--attn", "dense", "--threads", "1",
                 "--force", "--json")
@@ -138,6 +155,8 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--kv", "q4_0", "--no-flash-attn"], "flash attention"),
     (["--gen", "0"], "--gen must be > 0"),
     (["--index-keys", "q8_0"], "unknown --index-keys"),
+    (["--variant", "FUSED=0"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_FUSED_ATTN=0", "--attn", "dense"], "needs --attn sparse"),
 ])
 def test_bench_bad_options(tiny, tmp_path, args, needle):
     png = tmp_path / "p.png"

@@ -15,6 +15,8 @@ computes every sparse layer's selection, scores and top-k, but attends densely):
 = that time - the dense run's at the same ctx, `indexer_share_decode` = it / the sparse decode time. The
 rest of the sparse overhead is the selection mask and the gather. `indexer_share_*_est` = 1 - t_dense /
 t_sparse is the whole sparse overhead's share (indexer, top-k, mask, gather), prefill and decode.
+--variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
+environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ import ctypes
 import gc
 import json
 import os
+import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +58,7 @@ class BenchOptions:
     seed: int = 0
     plot: Path | None = None          # checked before the runs (the PNG is written by write_plot)
     jsonl: Path | None = None         # append each finished row here at once (partial results survive a kill)
+    variants: list[str] = field(default_factory=list)   # LLAMA_DSA_NAME=VALUE: one more sparse run per ctx each
     quiet: bool = False
 
 
@@ -83,8 +88,34 @@ def parse_attn(spec: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
+_VARIANT = re.compile(r"^(LLAMA_DSA_[A-Z0-9_]+)=(.*)$")
+
+
+@contextmanager
+def _variant_env(variant: str | None):
+    """The run's patch switch in the environment (read by llama.cpp at graph build), restored afterwards."""
+    if variant is None:
+        yield
+        return
+    key, val = _VARIANT.match(variant).groups()
+    old = os.environ.get(key)
+    os.environ[key] = val
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def validate(path: Path, o: BenchOptions) -> FileInfo:
     """Every input check that needs no backend: one-line BadInputError (exit 3)."""
+    for v in o.variants:
+        if not _VARIANT.match(v):
+            raise BadInputError(f"--variant: expected LLAMA_DSA_NAME=VALUE, got {v!r}")
+    if o.variants and "sparse" not in o.attn:
+        raise BadInputError("--variant adds sparse runs: it needs --attn sparse (or sparse,dense)")
     if not o.ctx:
         raise BadInputError("--ctx: give at least one context length")
     for c in o.ctx:
@@ -153,7 +184,7 @@ def _prefill(lc, ctx, toks: np.ndarray, batch: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo) -> dict:
+def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo, variant: str | None = None) -> dict:
     threads = o.threads or (os.cpu_count() or 1)
     ropts = RunnerOptions(n_ctx=ctx_len + 2 * o.gen, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
                           flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
@@ -210,6 +241,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
+        "variant": variant,
         "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LLAMA_DSA_")},
         "file": str(path),
     }
@@ -241,15 +273,21 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
     fi = validate(Path(path), o)
     lc = import_llama_cpp()
     rows: list[dict] = []
-    runs = [(c, a) for c in o.ctx for a in o.attn]
+    runs = [(c, a, None) for c in o.ctx for a in o.attn]
+    for i, c in enumerate(o.ctx):          # each ctx's variant runs right after its plain ones
+        at = (i + 1) * len(o.attn) + i * len(o.variants)
+        runs[at:at] = [(c, "sparse", v) for v in o.variants]
     with task("bench", len(runs), quiet=o.quiet) as bar:
-        for c, a in runs:
+        for c, a, v in runs:
+            label = f"ctx {c} {a}" + (f" [{v}]" if v else "")
             try:
-                rows.append(run_one(lc, Path(path), c, a, o, fi))
-                info = f"ctx {c} {a}: {rows[-1]['decode_tok_s']:.1f} tok/s decode"
+                with _variant_env(v):
+                    rows.append(run_one(lc, Path(path), c, a, o, fi, v))
+                info = f"{label}: {rows[-1]['decode_tok_s']:.1f} tok/s decode"
             except (DsaError, RuntimeError, MemoryError) as e:
-                rows.append({"ctx": c, "attn": a, "error": str(e).splitlines()[0] if str(e) else repr(e)})
-                info = f"ctx {c} {a}: failed"
+                rows.append({"ctx": c, "attn": a, "variant": v,
+                             "error": str(e).splitlines()[0] if str(e) else repr(e)})
+                info = f"{label}: failed"
             if o.jsonl is not None:
                 with open(o.jsonl, "a", encoding="utf-8") as f:
                     f.write(json.dumps(rows[-1], default=str) + "\n")
@@ -271,10 +309,13 @@ def write_plot(rows: list[dict], out: Path, title: str) -> Path:
     if not out.resolve().parent.is_dir():
         raise BadInputError(f"--plot: directory does not exist: {out.resolve().parent}")
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode in ATTN_MODES:
-        pts = sorted((r["ctx"], r["decode_tok_s"]) for r in rows if r["attn"] == mode and "error" not in r)
+    lines = [(m, None) for m in ATTN_MODES] + sorted({("sparse", r["variant"]) for r in rows if r.get("variant")})
+    for mode, variant in lines:
+        pts = sorted((r["ctx"], r["decode_tok_s"]) for r in rows
+                     if r["attn"] == mode and r.get("variant") == variant and "error" not in r)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                    label=mode if variant is None else f"{mode} [{variant}]")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("decode tokens / s")
@@ -302,5 +343,6 @@ def render(rows: list[dict]) -> str:
         idx = r.get("indexer_decode_ms_per_tok")
         idx_s = f"{idx:.3f} ({100 * r['indexer_share_decode']:.0f} %)" if idx is not None else "—"
         lines.append(f"{r['ctx']:>8} {r['attn']:>6} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
-                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15}  {r['device']}")
+                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15}  {r['device']}"
+                     + (f"  [{r['variant']}]" if r.get("variant") else ""))
     return "\n".join(lines)
