@@ -26,7 +26,7 @@ import json
 import os
 import re
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,12 +92,8 @@ _VARIANT = re.compile(r"^(LLAMA_DSA_[A-Z0-9_]+)=(.*)$")
 
 
 @contextmanager
-def _variant_env(variant: str | None):
-    """The run's patch switch in the environment (read by llama.cpp at graph build), restored afterwards."""
-    if variant is None:
-        yield
-        return
-    key, val = _VARIANT.match(variant).groups()
+def _patch_switch(key: str, val: str):
+    """A patch switch in the environment (read by llama.cpp at graph build), restored afterwards."""
     old = os.environ.get(key)
     os.environ[key] = val
     try:
@@ -107,6 +103,10 @@ def _variant_env(variant: str | None):
             os.environ.pop(key, None)
         else:
             os.environ[key] = old
+
+
+def _variant_switch(variant: str | None):
+    return _patch_switch(*_VARIANT.match(variant).groups()) if variant else nullcontext()
 
 
 def validate(path: Path, o: BenchOptions) -> FileInfo:
@@ -212,11 +212,8 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         perf = lc.llama_perf_context(ctx)
         indexer_only_s = None
         if attn == "sparse":              # the same steps with the selection computed but dense attention
-            os.environ["LLAMA_DSA_INDEXER_ONLY"] = "1"
-            try:
+            with _patch_switch("LLAMA_DSA_INDEXER_ONLY", "1"):
                 indexer_only_s = _decode_steps(lc, ctx, gen)
-            finally:
-                os.environ.pop("LLAMA_DSA_INDEXER_ONLY", None)
     finally:
         llm.close()
         del llm
@@ -281,7 +278,7 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
         for c, a, v in runs:
             label = f"ctx {c} {a}" + (f" [{v}]" if v else "")
             try:
-                with _variant_env(v):
+                with _variant_switch(v):
                     rows.append(run_one(lc, Path(path), c, a, o, fi, v))
                 info = f"{label}: {rows[-1]['decode_tok_s']:.1f} tok/s decode"
             except (DsaError, RuntimeError, MemoryError) as e:
