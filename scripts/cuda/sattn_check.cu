@@ -29,6 +29,62 @@ template <> float to_t<float>(float x) { return x; }
 static float from_t(half x)  { return __half2float(x); }
 static float from_t(float x) { return x; }
 
+// a host vector in a new device buffer (the caller frees it)
+template <typename V> static V * upload(const std::vector<V> & h) {
+    V * d;
+    CK(cudaMalloc(&d, h.size()*sizeof(V)));
+    CK(cudaMemcpy(d, h.data(), h.size()*sizeof(V), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static int n_sm() {
+    int dev; CK(cudaGetDevice(&dev));
+    cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, dev));
+    return prop.multiProcessorCount;
+}
+
+// what every case sets alike: q [D, nh, n_tok] and dst contiguous, idx, a mask [n_kv, n_tps, 1, n_strm] (F16 or F32);
+// the K/V strides (and the ASQ fields) are the caller's
+static dsa_sattn_params base_params(const float * q, const void * k, const void * v, const void * mask, const int32_t * idx,
+                                    float * dst, int D, int nh, int nhk, int n_tps, int n_tok, int n_top, int n_kv,
+                                    float scale, bool mask_f16) {
+    dsa_sattn_params p{};
+    p.q = (const char *) q; p.k = (const char *) k; p.v = (const char *) v; p.mask = (const char *) mask; p.idx = idx; p.dst = dst;
+    p.n_head = nh; p.n_head_kv = nhk; p.n_tok = n_tok; p.n_tps = n_tps; p.n_top = n_top; p.n_kv = n_kv;
+    p.q_nb1 = (size_t) D*4; p.q_nb2 = (size_t) nh*D*4;
+    p.m_nb1 = (size_t) n_kv*(mask_f16 ? 2 : 4); p.m_nb3 = p.m_nb1*n_tps;
+    p.scale = scale; p.mask_f16 = mask_f16;
+    return p;
+}
+
+// the largest error over the (token, head) rows of D values: |out - ref| / max |ref| of the row, or the absolute
+// error for rows where abs_row(r) (rows whose reference is 0)
+template <typename A> static double max_row_err(const float * d_out, const std::vector<double> & ref, int D, A abs_row) {
+    std::vector<float> out(ref.size());
+    CK(cudaMemcpy(out.data(), d_out, out.size()*4, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (size_t r = 0; r < ref.size()/D; ++r) {
+        double amax = 1e-30, err = 0;
+        for (int e = 0; e < D; ++e) amax = std::max(amax, std::fabs(ref[r*D + e]));
+        for (int e = 0; e < D; ++e) err = std::max(err, std::fabs(out[r*D + e] - ref[r*D + e]));
+        worst = std::max(worst, abs_row((int) r) ? err : err/amax);
+    }
+    return worst;
+}
+
+// microseconds per call of launch(): 20 warm-up calls, then 200 timed back to back
+template <typename F> static double time_us(F launch) {
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    for (int r = 0; r < 20; ++r) CK(launch());
+    const int reps = 200;
+    CK(cudaEventRecord(e0));
+    for (int r = 0; r < reps; ++r) CK(launch());
+    CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    return 1e3*ms/reps;
+}
+
 template <typename T>
 static bool run_case(const Case & c, bool timing) {
     const int D = c.D, nh = c.n_head, nhk = c.n_head_kv, n_tok = c.n_tps*c.n_strm;
@@ -89,55 +145,29 @@ static bool run_case(const Case & c, bool timing) {
         }
     }
 
-    float * dq; T * dk; T * dv; void * dm; int32_t * di; float * dd; void * scratch;
-    CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dk, k.size()*sizeof(T))); CK(cudaMemcpy(dk, k.data(), k.size()*sizeof(T), cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dv, v.size()*sizeof(T))); CK(cudaMemcpy(dv, v.data(), v.size()*sizeof(T), cudaMemcpyHostToDevice));
-    const size_t msz = c.mask_f16 ? mask16.size()*2 : mask.size()*4;
-    CK(cudaMalloc(&dm, msz));
-    CK(cudaMemcpy(dm, c.mask_f16 ? (const void *) mask16.data() : (const void *) mask.data(), msz, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&di, idx.size()*4)); CK(cudaMemcpy(di, idx.data(), idx.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dd, ref.size()*4));
-    int dev; CK(cudaGetDevice(&dev)); cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, dev));
-    const int n_split = dsa_sattn_n_split(c.n_top, nhk, n_tok, prop.multiProcessorCount);
-    CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, n_split)));
+    float * dq = upload(q); T * dk = upload(k); T * dv = upload(v); int32_t * di = upload(idx);
+    void * dm = c.mask_f16 ? (void *) upload(mask16) : (void *) upload(mask);
+    float * dd; CK(cudaMalloc(&dd, ref.size()*4));
+    const int n_split = dsa_sattn_n_split(c.n_top, nhk, n_tok, n_sm());
+    void * scratch; CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, n_split)));
 
-    dsa_sattn_params p{};
-    p.q = (const char *) dq; p.k = (const char *) dk; p.v = (const char *) dv; p.mask = (const char *) dm; p.idx = di; p.dst = dd;
-    p.n_head = nh; p.n_head_kv = nhk; p.n_tok = n_tok; p.n_tps = c.n_tps; p.n_top = c.n_top; p.n_kv = c.n_kv;
-    p.q_nb1 = (size_t) D*4; p.q_nb2 = (size_t) nh*D*4;
+    dsa_sattn_params p = base_params(dq, dk, dv, dm, di, dd, D, nh, nhk, c.n_tps, n_tok, c.n_top, c.n_kv, scale, c.mask_f16);
     p.k_nb1 = p.v_nb1 = (size_t) D*sizeof(T); p.k_nb2 = p.v_nb2 = cell*sizeof(T); p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell*sizeof(T);
-    p.m_nb1 = (size_t) c.n_kv*(c.mask_f16 ? 2 : 4); p.m_nb3 = p.m_nb1*c.n_tps;
-    p.scale = scale; p.mask_f16 = c.mask_f16;
-    CK(dsa_sattn_launch<T>(p, D, n_split, scratch, 0));
+    auto launch = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
+    CK(launch());
     CK(cudaDeviceSynchronize());
-    std::vector<float> out(ref.size());
-    CK(cudaMemcpy(out.data(), dd, out.size()*4, cudaMemcpyDeviceToHost));
-    double worst = 0;
-    for (int r = 0; r < n_tok*nh; ++r) {
-        double amax = 1e-30, err = 0;
-        for (int e = 0; e < D; ++e) amax = std::max(amax, std::fabs(ref[(size_t) r*D + e]));
-        for (int e = 0; e < D; ++e) err = std::max(err, std::fabs(out[(size_t) r*D + e] - ref[(size_t) r*D + e]));
-        const bool zero_row = n_tok > 1 && r / nh == 1;
-        worst = std::max(worst, zero_row ? err : err/amax);
-    }
+    const double worst = max_row_err(dd, ref, D, [&](int r) { return n_tok > 1 && r / nh == 1; }); // token 1: all masked
     const bool ok = worst < 2e-5 && std::isfinite(worst);
     printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e %s",
            c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split,
            worst, ok ? "OK" : "FAIL");
     if (timing) {
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        for (int r = 0; r < 20; ++r) CK(dsa_sattn_launch<T>(p, D, n_split, scratch, 0));
-        const int reps = 200;
-        CK(cudaEventRecord(e0));
-        for (int r = 0; r < reps; ++r) CK(dsa_sattn_launch<T>(p, D, n_split, scratch, 0));
-        CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = time_us(launch);
         const double bytes = (double) n_tok*nhk*c.n_top*2.0*D*sizeof(T);
-        printf("  | %.2f us/call (K/V picks %.2f MB, %.0f GB/s)", 1e3*ms/reps, bytes/1e6, bytes/(1e-3*ms/reps)/1e9);
+        printf("  | %.2f us/call (K/V picks %.2f MB, %.0f GB/s)", us, bytes/1e6, bytes/(1e-6*us)/1e9);
     }
     printf("\n");
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dm); cudaFree(di); cudaFree(dd); cudaFree(scratch);
+    for (void * ptr : {(void *) dq, (void *) dk, (void *) dv, dm, (void *) di, (void *) dd, scratch}) cudaFree(ptr);
     return ok;
 }
 
@@ -246,28 +276,15 @@ static bool run_asq_case(const AsqCase & c, bool timing) {
         }
     }
 
-    float *dq, *dpk, *dpv, *dff, *dd; uint8_t *dk, *dv; half * dm; int32_t *di, *dpos; void * scratch;
-    CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dpk, pk.size()*4)); CK(cudaMemcpy(dpk, pk.data(), pk.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dpv, pv.size()*4)); CK(cudaMemcpy(dpv, pv.data(), pv.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dff, ff.size()*4)); CK(cudaMemcpy(dff, ff.data(), ff.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dk, k.size())); CK(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dv, v.size())); CK(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dm, mask.size()*2)); CK(cudaMemcpy(dm, mask.data(), mask.size()*2, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&di, idx.size()*4)); CK(cudaMemcpy(di, idx.data(), idx.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dpos, pos.size()*4)); CK(cudaMemcpy(dpos, pos.data(), pos.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dd, ref.size()*4));
-    int dev; CK(cudaGetDevice(&dev)); cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, dev));
-    const int n_split = dsa_sattn_n_split(c.n_top, nhk, n_tok, prop.multiProcessorCount);
-    CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, n_split)));
+    float * dq = upload(q); float * dpk = upload(pk); float * dpv = upload(pv); float * dff = upload(ff);
+    uint8_t * dk = upload(k); uint8_t * dv = upload(v); half * dm = upload(mask);
+    int32_t * di = upload(idx); int32_t * dpos = upload(pos);
+    float * dd; CK(cudaMalloc(&dd, ref.size()*4));
+    const int n_split = dsa_sattn_n_split(c.n_top, nhk, n_tok, n_sm());
+    void * scratch; CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, n_split)));
 
-    dsa_sattn_params p{};
-    p.q = (const char *) dq; p.k = (const char *) dk; p.v = (const char *) dv; p.mask = (const char *) dm; p.idx = di; p.dst = dd;
-    p.n_head = nh; p.n_head_kv = nhk; p.n_tok = n_tok; p.n_tps = c.n_tps; p.n_top = c.n_top; p.n_kv = c.n_kv;
-    p.q_nb1 = (size_t) D*4; p.q_nb2 = (size_t) nh*D*4;
+    dsa_sattn_params p = base_params(dq, dk, dv, dm, di, dd, D, nh, nhk, c.n_tps, n_tok, c.n_top, c.n_kv, scale, true);
     p.k_nb1 = p.v_nb1 = (size_t) vb; p.k_nb2 = p.v_nb2 = cell; p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell;
-    p.m_nb1 = (size_t) c.n_kv*2; p.m_nb3 = p.m_nb1*c.n_tps;
-    p.scale = scale; p.mask_f16 = true;
     p.pk = dpk; p.pv = dpv; p.n_proto = c.C;
     p.kpos = c.rope ? dpos : nullptr; p.freq_factors = c.ff ? dff : nullptr; p.n_dims = c.n_dims; p.neox = c.rope == 2;
     p.theta_scale = theta_scale; p.freq_scale = freq_scale; p.ext_factor = c.ext_factor; p.attn_factor = attn_factor;
@@ -276,28 +293,13 @@ static bool run_asq_case(const AsqCase & c, bool timing) {
                                              : dsa_sattn_launch<uint8_t, 8>(p, D, n_split, scratch, 0); };
     CK(launch());
     CK(cudaDeviceSynchronize());
-    std::vector<float> out(ref.size());
-    CK(cudaMemcpy(out.data(), dd, out.size()*4, cudaMemcpyDeviceToHost));
-    double worst = 0;
-    for (int r = 0; r < n_tok*nh; ++r) {
-        double amax = 1e-30, err = 0;
-        for (int e = 0; e < D; ++e) amax = std::max(amax, std::fabs(ref[(size_t) r*D + e]));
-        for (int e = 0; e < D; ++e) err = std::max(err, std::fabs(out[(size_t) r*D + e] - ref[(size_t) r*D + e]));
-        worst = std::max(worst, err/amax);
-    }
+    const double worst = max_row_err(dd, ref, D, [](int) { return false; });
     const bool ok = worst < 1e-4 && std::isfinite(worst);
     printf("ASQ %-30s D %3d heads %2d/%d tok %d kv %6d top %4d b%d C %3d rope %s/%d split %2d: max rel err %.2e %s",
            c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.bits, c.C, c.rope == 0 ? "none" : c.rope == 1 ? "norm" : "neox",
            c.n_dims, n_split, worst, ok ? "OK" : "FAIL");
     if (timing) {
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        for (int r = 0; r < 20; ++r) CK(launch());
-        const int reps = 200;
-        CK(cudaEventRecord(e0));
-        for (int r = 0; r < reps; ++r) CK(launch());
-        CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-        printf("  | %.2f us/call", 1e3*ms/reps);
+        printf("  | %.2f us/call", time_us(launch));
     }
     printf("\n");
     for (void * ptr : {(void *) dq, (void *) dpk, (void *) dpv, (void *) dff, (void *) dk, (void *) dv, (void *) dm,
