@@ -29,6 +29,44 @@ template <> float to_t<float>(float x) { return x; }
 static float from_t(half x)  { return __half2float(x); }
 static float from_t(float x) { return x; }
 
+// double-precision reference of the op: for token i and head h (KV head h / (nh/nhk)), softmax over the picks
+// idx[i][j] of scale * q.K + mask, then the weighted V rows. mask_of(i, cell): the mask value (-INF or a cell
+// outside [0, n_kv): no part); row(is_k, i, hk, cell, out): that cell's K or V row as D doubles
+template <typename MF, typename RF>
+static std::vector<double> reference(const std::vector<float> & q, const std::vector<int32_t> & idx, int D, int nh,
+                                     int nhk, int n_tok, int n_top, int n_kv, double scale, MF mask_of, RF row) {
+    std::vector<double> ref((size_t) n_tok*nh*D, 0.0), kd(D), vd(D), sc(n_top), acc(D);
+    for (int i = 0; i < n_tok; ++i) {
+        for (int h = 0; h < nh; ++h) {
+            const int hk = h / (nh/nhk);
+            const int32_t * sel = idx.data() + (size_t) i*n_top;
+            double mx = -INFINITY;
+            for (int j = 0; j < n_top; ++j) {
+                sc[j] = -INFINITY;
+                if (sel[j] < 0 || sel[j] >= n_kv) continue;
+                const double m = mask_of(i, sel[j]);
+                if (std::isinf(m)) continue;
+                row(true, i, hk, sel[j], kd.data());
+                double d = 0;
+                for (int e = 0; e < D; ++e) d += (double) q[((size_t) i*nh + h)*D + e]*kd[e];
+                sc[j] = d*scale + m;
+                mx = std::max(mx, sc[j]);
+            }
+            double sum = 0;
+            std::fill(acc.begin(), acc.end(), 0.0);
+            for (int j = 0; j < n_top; ++j) {
+                if (std::isinf(sc[j])) continue;
+                const double pr = exp(sc[j] - mx);
+                sum += pr;
+                row(false, i, hk, sel[j], vd.data());
+                for (int e = 0; e < D; ++e) acc[e] += pr*vd[e];
+            }
+            for (int e = 0; e < D; ++e) ref[((size_t) i*nh + h)*D + e] = sum > 0 ? acc[e]/sum : 0.0;
+        }
+    }
+    return ref;
+}
+
 // a host vector in a new device buffer (the caller frees it)
 template <typename V> static V * upload(const std::vector<V> & h) {
     V * d;
@@ -113,37 +151,15 @@ static bool run_case(const Case & c, bool timing) {
     }
     const float scale = 1.0f/sqrtf((float) D);
 
-    // CPU reference
-    std::vector<double> ref((size_t) n_tok*nh*D, 0.0);
-    for (int i = 0; i < n_tok; ++i) {
-        const int s = i / c.n_tps, t = i % c.n_tps;
-        for (int h = 0; h < nh; ++h) {
-            const int hk = h / (nh/nhk);
-            std::vector<double> sc(c.n_top, -INFINITY);
-            double mx = -INFINITY;
-            for (int j = 0; j < c.n_top; ++j) {
-                const int cl = idx[(size_t) i*c.n_top + j];
-                if (cl < 0 || cl >= c.n_kv) continue;
-                const double m = c.mask_f16 ? (double) __half2float(mask16[((size_t) s*c.n_tps + t)*c.n_kv + cl])
-                                            : (double) mask[((size_t) s*c.n_tps + t)*c.n_kv + cl];
-                if (std::isinf(m)) continue;
-                double d = 0;
-                for (int e = 0; e < D; ++e) d += (double) q[((size_t) i*nh + h)*D + e]*from_t(k[((size_t) s*c.n_kv + cl)*cell + (size_t) hk*D + e]);
-                sc[j] = d*scale + m;
-                mx = std::max(mx, sc[j]);
-            }
-            double sum = 0;
-            std::vector<double> acc(D, 0.0);
-            for (int j = 0; j < c.n_top; ++j) {
-                if (std::isinf(sc[j])) continue;
-                const int cl = idx[(size_t) i*c.n_top + j];
-                const double pr = exp(sc[j] - mx);
-                sum += pr;
-                for (int e = 0; e < D; ++e) acc[e] += pr*from_t(v[((size_t) s*c.n_kv + cl)*cell + (size_t) hk*D + e]);
-            }
-            for (int e = 0; e < D; ++e) ref[((size_t) i*nh + h)*D + e] = sum > 0 ? acc[e]/sum : 0.0;
-        }
-    }
+    const std::vector<double> ref = reference(q, idx, D, nh, nhk, n_tok, c.n_top, c.n_kv, scale,
+        [&](int i, int cl) {
+            const size_t at = (size_t) i*c.n_kv + cl;   // row t of stream s is row s*n_tps + t = i
+            return c.mask_f16 ? (double) __half2float(mask16[at]) : (double) mask[at];
+        },
+        [&](bool is_k, int i, int hk, int cl, double * out) {
+            const T * src = (is_k ? k : v).data() + ((size_t) (i / c.n_tps)*c.n_kv + cl)*cell + (size_t) hk*D;
+            for (int e = 0; e < D; ++e) out[e] = from_t(src[e]);
+        });
 
     float * dq = upload(q); T * dk = upload(k); T * dv = upload(v); int32_t * di = upload(idx);
     void * dm = c.mask_f16 ? (void *) upload(mask16) : (void *) upload(mask);
@@ -246,35 +262,12 @@ static bool run_asq_case(const AsqCase & c, bool timing) {
             }
         }
     };
-    std::vector<double> ref((size_t) n_tok*nh*D, 0.0), kd(D), vd(D);
-    for (int i = 0; i < n_tok; ++i) {
-        for (int h = 0; h < nh; ++h) {
-            const int hk = h / G;
-            std::vector<double> sc(c.n_top, -INFINITY);
-            double mx = -INFINITY;
-            for (int j = 0; j < c.n_top; ++j) {
-                const int cl = idx[(size_t) i*c.n_top + j];
-                const double m = __half2float(mask[(size_t) i*c.n_kv + cl]);
-                if (std::isinf(m)) continue;
-                decode(k, pk, cl, hk, kd.data());
-                rope(kd.data(), pos[cl]);
-                double d = 0;
-                for (int e = 0; e < D; ++e) d += (double) q[((size_t) i*nh + h)*D + e]*kd[e];
-                sc[j] = d*scale + m;
-                mx = std::max(mx, sc[j]);
-            }
-            double sum = 0;
-            std::vector<double> acc(D, 0.0);
-            for (int j = 0; j < c.n_top; ++j) {
-                if (std::isinf(sc[j])) continue;
-                const double pr = exp(sc[j] - mx);
-                sum += pr;
-                decode(v, pv, idx[(size_t) i*c.n_top + j], hk, vd.data());
-                for (int e = 0; e < D; ++e) acc[e] += pr*vd[e];
-            }
-            for (int e = 0; e < D; ++e) ref[((size_t) i*nh + h)*D + e] = sum > 0 ? acc[e]/sum : 0.0;
-        }
-    }
+    const std::vector<double> ref = reference(q, idx, D, nh, nhk, n_tok, c.n_top, c.n_kv, scale,
+        [&](int i, int cl) { return (double) __half2float(mask[(size_t) i*c.n_kv + cl]); },
+        [&](bool is_k, int, int hk, int cl, double * out) {
+            decode(is_k ? k : v, is_k ? pk : pv, cl, hk, out);
+            if (is_k) rope(out, pos[cl]);
+        });
 
     float * dq = upload(q); float * dpk = upload(pk); float * dpv = upload(pv); float * dff = upload(ff);
     uint8_t * dk = upload(k); uint8_t * dv = upload(v); half * dm = upload(mask);
