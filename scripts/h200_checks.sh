@@ -16,7 +16,10 @@
 #             $TOK, default the model dir), every layer on the GPU: KV bytes as allocated and PPL for
 #             f16 / q8_0 / q4_0 / ASQ, llama.cpp's ASQ PPL vs kernels_ref (torch on the GPU)          (issue 7)
 #   asqspeed  decode speed with the ASQ cache vs a q4_0 cache at 64K on the synthetic 1B shape with random
-#             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on                     (issue 7)
+#             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
+#             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
+#   asqdecode scripts/check_asq_decode.py on $DSA_FILE with every layer on the GPU: the ASQ decode path's in-place
+#             op vs its decode + flash-attention form vs kernels_ref's ASQ math                   (issue 7)
 #   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
@@ -98,11 +101,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   asqspeed)
     [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
       --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
-    # asq also with the decode path's in-place attention op over the ASQ cache (opt-in LLAMA_DSA_FUSED_ASQ=1),
-    # in the same sweep (--variant)
+    # asq also without the decode path's in-place attention op over the ASQ cache (LLAMA_DSA_FUSED_ASQ=0: decode
+    # the picks into F32 + flash attention), in the same sweep (--variant)
     for kv in q4_0 asq; do
       dsa bench "$WORK/synth-1b-asq.gguf" --ctx 65536 --gen 32 --attn sparse --kv $kv --flash-attn --n-gpu-layers 999 \
-        --force --jsonl "$WORK/asqspeed.jsonl" $([ $kv = asq ] && echo --variant LLAMA_DSA_FUSED_ASQ=1) > /dev/null || true
+        --force --jsonl "$WORK/asqspeed.jsonl" $([ $kv = asq ] && echo --variant LLAMA_DSA_FUSED_ASQ=0) > /dev/null || true
     done
     cat "$WORK/asqspeed.jsonl" ;;
   speed)
@@ -158,6 +161,9 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     sfx=${DV_F32:+-f32}
     python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock$sfx.gguf" ${DV_F32:+--f32}
     python3 scripts/verify_dsa_patch.py "$WORK/ref-stock$sfx.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify$sfx.txt" ;;
+  asqdecode)
+    python3 scripts/check_asq_decode.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" --prefill 600 --decode 48 --n-gpu-layers 99 \
+      | tee "$WORK/asqdecode.txt" ;;
   indexer)
     for h in 8 16; do
       [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \

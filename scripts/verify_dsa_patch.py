@@ -85,14 +85,14 @@ def ref_logits(path: str, toks: np.ndarray, sparse: bool, kv: str = "f32") -> np
     return m.forward(torch.tensor(toks), attention=attn).double().numpy()
 
 
-def ref_logits_isolated(path: str, toks: np.ndarray) -> np.ndarray:
-    """ref_logits(path, toks, sparse=True) in a separate Python process (no llama.cpp loaded there)."""
+def ref_logits_isolated(path: str, toks: np.ndarray, kv: str = "f32") -> np.ndarray:
+    """ref_logits(path, toks, sparse=True, kv=kv) in a separate Python process (no llama.cpp loaded there)."""
     with tempfile.TemporaryDirectory() as d:
         tin, tout = Path(d) / "toks.npy", Path(d) / "ref.npy"
         np.save(tin, np.asarray(toks))
         code = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); from verify_dsa_patch import ref_logits; "
-                "np.save(sys.argv[4], ref_logits(sys.argv[2], np.load(sys.argv[3]), sparse=True))")
-        subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), path, str(tin), str(tout)], check=True,
+                "np.save(sys.argv[4], ref_logits(sys.argv[2], np.load(sys.argv[3]), sparse=True, kv=sys.argv[5]))")
+        subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), path, str(tin), str(tout), kv], check=True,
                        env=dict(os.environ, DSA_VERIFY_REF_CHILD="1"))
         return np.load(tout)
 

@@ -2,17 +2,19 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o li_check && ./li_check
 //
-// "cur" is a copy of the patch's generic kernel (ggml/src/ggml-cuda/lightning-indexer.cu,
-// dsa_lightning_indexer_kernel: one thread per key, the key read straight into registers). On one H200 it
-// took 14 us per layer for one decode token at 32K keys (D 64, H 4; RESULTS section 4d), ~5x the time to read
-// the keys: each thread reads its own 256-byte key, so a warp's load touches 32 rows at once.
-// "staged" is the proposed replacement: the block first copies its tile of keys into padded shared memory
-// with coalesced float4 loads, then each thread reads its key from there (conflict-free: row pitch D+1).
-// In the patch since the fifth session (for one query token per stream), after this check ran on an H200: same
-// errors as "cur" in every case (RESULTS section 4e); the first run's threshold (1e-4) was below what both kernels
-// reach with fast math at 512 tokens (up to 5e-4), hence 1e-3 now. Both are compared with a double-precision
-// CPU reference of sum_h w[h] * relu(q_h . k) + mask (relative error), and timed for decode (1 token) and
-// prefill (512 tokens, 8 per block) at 4K / 32K / 128K keys.
+// "cur" is a copy of the patch's generic kernel as it was before the seventh session (ggml/src/ggml-cuda/
+// lightning-indexer.cu, dsa_lightning_indexer_kernel: one thread per key, the key read straight into registers,
+// 8 query tokens per block, one token's dot product at a time). Two replacements are compared with it:
+// - T = 1 (decode): "staged", the block first copies its tile of keys into padded shared memory with coalesced
+//   float4 loads, then each thread reads its key from there (conflict-free: row pitch D+1). In the patch since
+//   the fifth session, after this check ran on an H200: same errors as "cur" in every case (RESULTS section 4e);
+//   the first run's threshold (1e-4) was below what both kernels reach with fast math at 512 tokens (up to 5e-4),
+//   hence 1e-3 now.
+// - T > 1 (prefill): "tiled", a copy of the patch's kernel since the seventh session: 4 tokens per thread at once
+//   (independent FMA chains; one dot product is a chain of D dependent FMAs) and 32 / 16 / 8 tokens per block
+//   (as many as fit 48 KB), same summation order per token: its scores should be bit-equal to "cur"'s.
+// All are compared with a double-precision CPU reference of sum_h w[h] * relu(q_h . k) + mask (relative error),
+// and timed for decode (1 token) and prefill (512 tokens) at 4K / 32K / 128K keys.
 #include "check_common.cuh"
 #include <cuda_runtime.h>
 
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 
@@ -58,6 +61,55 @@ __global__ void __launch_bounds__(CUR_THREADS) li_cur(const float * Q, const flo
             acc += fmaxf(dot, 0.0f)*w_sh[t*n_head + h];
         }
         dst[(int64_t) (t0 + t)*n_kv + i_kv] = acc + M[(int64_t) (t0 + t)*n_kv + i_kv];
+    }
+}
+
+// ---------------------------------------------------------------- tiled (copy of the patch's prefill form)
+// li_cur with TOK tokens per thread at once (independent FMA chains), launched with the largest TPB in {32,16,8}
+// whose q + w fit 48 KB; each token's dot product keeps li_cur's summation order
+#define TILED_TOK 4
+template <int D, int TPB>
+__global__ void __launch_bounds__(CUR_THREADS) li_tiled(const float * Q, const float * K, const float * W, const float * M,
+                                                        float * dst, int n_head, int n_batch, int n_kv) {
+    extern __shared__ float4 smem_cur[];
+    float4 * q_sh = smem_cur;
+    float  * w_sh = (float *) (smem_cur + TPB*n_head*(D/4));
+    const int tid = threadIdx.x;
+    const int t0 = blockIdx.y*TPB;
+    const int n_t = min(TPB, n_batch - t0);
+    const int64_t i_kv = (int64_t) blockIdx.x*CUR_THREADS + tid;
+    for (int i = tid; i < n_t*n_head*(D/4); i += CUR_THREADS) q_sh[i] = ((const float4 *) (Q + (int64_t) t0*n_head*D))[i];
+    for (int i = tid; i < n_t*n_head; i += CUR_THREADS) w_sh[i] = W[(int64_t) t0*n_head + i];
+    float k[D];
+    const float * kr = K + (i_kv < n_kv ? i_kv : 0)*D;
+#pragma unroll
+    for (int e = 0; e < D; ++e) k[e] = kr[e];
+    __syncthreads();
+    if (i_kv >= n_kv) return;
+    constexpr int U = TPB < TILED_TOK ? TPB : TILED_TOK;
+    for (int t = 0; t < n_t; t += U) {
+        float acc[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[u] = 0.0f;
+        for (int h = 0; h < n_head; ++h) {
+            float dot[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) dot[u] = 0.0f;
+#pragma unroll
+            for (int e4 = 0; e4 < D/4; ++e4) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const float4 q4 = q_sh[((t + u)*n_head + h)*(D/4) + e4];
+                    dot[u] += q4.x*k[4*e4]; dot[u] += q4.y*k[4*e4 + 1]; dot[u] += q4.z*k[4*e4 + 2]; dot[u] += q4.w*k[4*e4 + 3];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) acc[u] += fmaxf(dot[u], 0.0f)*w_sh[(t + u)*n_head + h];
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (t + u < n_t) dst[(int64_t) (t0 + t + u)*n_kv + i_kv] = acc[u] + M[(int64_t) (t0 + t + u)*n_kv + i_kv];
+        }
     }
 }
 
@@ -106,6 +158,21 @@ static void run_cur(const float * q, const float * k, const float * w, const flo
     const dim3 grid((N + CUR_THREADS - 1)/CUR_THREADS, (T + TPB - 1)/TPB);
     li_cur<D, TPB><<<grid, CUR_THREADS, (size_t) TPB*H*(D + 1)*4, st>>>(q, k, w, m, d, H, T, N);
 }
+template <int D>
+static int run_tiled(const float * q, const float * k, const float * w, const float * m, float * d, int H, int T, int N, cudaStream_t st) {
+    const auto smem = [&](int tpb) { return (size_t) tpb*H*(D + 1)*4; };
+    const dim3 block(CUR_THREADS);
+    if (T > 16 && smem(32) <= 48*1024) {
+        li_tiled<D, 32><<<dim3((N + CUR_THREADS - 1)/CUR_THREADS, (T + 31)/32), block, smem(32), st>>>(q, k, w, m, d, H, T, N);
+        return 32;
+    }
+    if (T > 8 && smem(16) <= 48*1024) {
+        li_tiled<D, 16><<<dim3((N + CUR_THREADS - 1)/CUR_THREADS, (T + 15)/16), block, smem(16), st>>>(q, k, w, m, d, H, T, N);
+        return 16;
+    }
+    li_tiled<D, 8><<<dim3((N + CUR_THREADS - 1)/CUR_THREADS, (T + 7)/8), block, smem(8), st>>>(q, k, w, m, d, H, T, N);
+    return 8;
+}
 template <int D, int TPB>
 static bool run_staged(const float * q, const float * k, const float * w, const float * m, float * d, int H, int T, int N, cudaStream_t st) {
     constexpr int KPB = D <= 64 ? 128 : 64;
@@ -133,16 +200,18 @@ static int check(int H, int T, int N, std::mt19937 & rng) {
     CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dk, k.data(), k.size()*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dw, w.data(), w.size()*4, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dm, m.data(), m.size()*4, cudaMemcpyHostToDevice));
     cudaStream_t st; CK(cudaStreamCreate(&st));
-    int bad = 0; float us[2] = {0, 0}; double err[2] = {0, 0}; bool ran[2] = {true, true};
+    int bad = 0; float us[2] = {0, 0}; double err[2] = {0, 0}; bool ran[2] = {true, true}; int tpb = 1; bool same = false;
+    std::vector<float> out0;
     for (int v = 0; v < 2; ++v) {
         auto launch = [&]() {
             if (T == 1) { if (v == 0) run_cur<D, 1>(dq, dk, dw, dm, dd, H, T, N, st); else ran[v] = run_staged<D, 1>(dq, dk, dw, dm, dd, H, T, N, st); }
-            else        { if (v == 0) run_cur<D, 8>(dq, dk, dw, dm, dd, H, T, N, st); else ran[v] = run_staged<D, 8>(dq, dk, dw, dm, dd, H, T, N, st); }
+            else        { if (v == 0) run_cur<D, 8>(dq, dk, dw, dm, dd, H, T, N, st); else tpb = run_tiled<D>(dq, dk, dw, dm, dd, H, T, N, st); }
         };
         CK(cudaMemset(dd, 0, out.size()*4));
         launch(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
         if (!ran[v]) continue;
         CK(cudaMemcpy(out.data(), dd, out.size()*4, cudaMemcpyDeviceToHost));
+        if (v == 0) out0 = out; else same = out == out0;   // bit-equal to the previous form (the NaN-free case)
         for (int t = 0; t < T; t += std::max(1, T/16)) for (int j = 0; j < N; j += 7) {   // sampled CPU reference
             double acc = 0;
             for (int h = 0; h < H; ++h) {
@@ -164,8 +233,10 @@ static int check(int H, int T, int N, std::mt19937 & rng) {
         float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); us[v] = 1000*ms/reps;
     }
     const double gb = ((double) N*D*4 + (double) T*N*8)/1e9;   // keys + mask read + scores written
-    printf("%-4d %-4d %-4d %-7d %10.2f %10.2f %7.2fx %9.2e %9.2e %8.1f %s\n", D, H, T, N, us[0], ran[1] ? us[1] : NAN,
-           ran[1] ? us[0]/us[1] : NAN, err[0], err[1], gb/(us[ran[1] ? 1 : 0]*1e-6), ran[1] ? "" : "(staged: smem too large)");
+    printf("%-4d %-4d %-4d %-7d %10.2f %10.2f %7.2fx %9.2e %9.2e %8.1f %s %s\n", D, H, T, N, us[0], ran[1] ? us[1] : NAN,
+           ran[1] ? us[0]/us[1] : NAN, err[0], err[1], gb/(us[ran[1] ? 1 : 0]*1e-6), T == 1 ? "staged" : "tiled",
+           !ran[1] ? "(staged: smem too large)" : T == 1 ? "" : (std::string("TPB ") + std::to_string(tpb) +
+           (same ? ", bit-equal to cur" : ", NOT bit-equal to cur")).c_str());
     CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(dd)); CK(cudaStreamDestroy(st));
     return bad;
 }
@@ -173,8 +244,8 @@ static int check(int H, int T, int N, std::mt19937 & rng) {
 int main() {
     std::mt19937 rng(0);
     int bad = 0;
-    printf("%-4s %-4s %-4s %-7s %10s %10s %8s %9s %9s %8s\n", "D", "H", "T", "n_kv", "cur_us", "staged_us", "speedup",
-           "cur_err", "stg_err", "GB/s");
+    printf("%-4s %-4s %-4s %-7s %10s %10s %8s %9s %9s %8s %s\n", "D", "H", "T", "n_kv", "cur_us", "new_us", "speedup",
+           "cur_err", "new_err", "GB/s", "new (T 1: staged decode kernel; T > 1: tiled prefill kernel)");
     for (int N : {4096, 32768, 131072}) for (int T : {1, 512}) {
         if (T == 512 && N == 131072) continue;
         bad += check<64>(4, T, N, rng);
