@@ -7,8 +7,9 @@ vs kernels_ref's ASQ math (FORMAT.md section 6; torch on the CPU, in a separate 
     python scripts/check_asq_decode.py ref-dsa.gguf --prefill 600 --decode 48 --n-gpu-layers 99
 
 The prefill must pass the file's top_k so that the decodes select. Errors are relative to the reference's logit
-range: op vs FA form < 2e-3 (tests/test_runtime_asq.py's bound); per-row vs kernels_ref: median below 1.5x that of
-the masked decode (LLAMA_DSA_GATHER_MAX_TOKENS=0) on the same rows, or 1e-3, whichever is larger.
+range: op vs FA form is reported (see main() for why it has no float-noise bound on a trained model); per-row vs
+kernels_ref: median below 1.5x that of the masked decode (LLAMA_DSA_GATHER_MAX_TOKENS=0) on the same rows, or 1e-3,
+whichever is larger; and the op's median no more than 1.1x the FA form's.
 Exit 0 when every check passes, 1 otherwise.
 """
 from __future__ import annotations
@@ -62,7 +63,13 @@ def main() -> int:
           unfused[: args.prefill]), "bit-exact")
     check("decode rows differ (two different graphs ran)", not np.array_equal(fused[d], unfused[d]), "")
     e = np.abs(fused[d] - unfused[d]).max() / scale
-    check("decode: in-place ASQ op vs decode + flash attention", e < 2e-3, f"max {e:.2e} of the logit range")
+    # Reported, not bounded: each decoded token's K/V is ASQ-encoded from its hidden state, and the nearest-prototype /
+    # residual-rounding choice flips on rounding-level differences between the two forms (CUDA flash attention takes
+    # the decoded rows as F16, the op keeps them F32; on the CPU their summation orders differ), so the two drift apart
+    # over the decodes. Seen: H200 max 7.3e-3, this VM's CPU wheel 2.5e-3, a -march=native CPU build 1.5e-7 of the
+    # logit range, each time with both forms at the same median error vs kernels_ref. The checks below hold each form
+    # to the reference instead (the tiny random models of tests/test_runtime_asq.py keep a 2e-3 bound between them).
+    print(f"       decode: in-place ASQ op vs decode + flash attention: max {e:.2e} of the logit range (reported)")
     # baseline: the same decode rows through the masked path (LLAMA_DSA_GATHER_MAX_TOKENS=0: the whole cache decoded,
     # masked flash attention), vs kernels_ref. With F16 weights the ASQ encode (nearest prototype, residual rounding)
     # flips on rounding-level differences, so the decode path is held to the masked path's error, not to float noise.
@@ -70,10 +77,15 @@ def main() -> int:
     base = np.median(np.abs(masked[d] - ref[d]).max(axis=1) / scale)
     bound = max(1.5 * base, 1e-3)
     print(f"       masked decode vs kernels_ref ASQ: per-row max err median {base:.2e}")
+    med = {}
     for name, got in (("in-place op", fused), ("decode + FA", unfused)):
         row = np.abs(got[d] - ref[d]).max(axis=1) / scale
-        check(f"decode: {name} vs kernels_ref ASQ", np.median(row) < bound,
-              f"per-row max err median {np.median(row):.2e} (bound {bound:.2e}), max {row.max():.2e}")
+        med[name] = np.median(row)
+        check(f"decode: {name} vs kernels_ref ASQ", med[name] < bound,
+              f"per-row max err median {med[name]:.2e} (bound {bound:.2e}), max {row.max():.2e}")
+    check("decode: the in-place op is no further from kernels_ref than decode + FA",
+          med["in-place op"] <= 1.1 * med["decode + FA"] + 1e-5,
+          f"medians {med['in-place op']:.2e} vs {med['decode + FA']:.2e}")
     return 0 if ok else 1
 
 
