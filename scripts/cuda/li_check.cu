@@ -2,7 +2,7 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o li_check && ./li_check
 //
-// "cur" is a copy of the patch's generic kernel as it was before the seventh session (ggml/src/ggml-cuda/
+// "cur" is a copy of the patch's generic kernel as it was before the sixth session (ggml/src/ggml-cuda/
 // lightning-indexer.cu, dsa_lightning_indexer_kernel: one thread per key, the key read straight into registers,
 // 8 query tokens per block, one token's dot product at a time). Two replacements are compared with it:
 // - T = 1 (decode): "staged", the block first copies its tile of keys into padded shared memory with coalesced
@@ -10,7 +10,7 @@
 //   the fifth session, after this check ran on an H200: same errors as "cur" in every case (RESULTS section 4e);
 //   the first run's threshold (1e-4) was below what both kernels reach with fast math at 512 tokens (up to 5e-4),
 //   hence 1e-3 now.
-// - T > 1 (prefill): "tiled", a copy of the patch's kernel since the seventh session: 4 tokens per thread at once
+// - T > 1 (prefill): "tiled", a copy of the patch's kernel since the sixth session: 4 tokens per thread at once
 //   (independent FMA chains; one dot product is a chain of D dependent FMAs) and 32 / 16 / 8 tokens per block
 //   (as many as fit 48 KB), same summation order per token: its scores should be bit-equal to "cur"'s.
 // All are compared with a double-precision CPU reference of sum_h w[h] * relu(q_h . k) + mask (relative error),
