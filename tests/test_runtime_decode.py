@@ -123,3 +123,24 @@ def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa
     scale = dense.max() - dense.min()
     assert np.abs(idx_only - dense).max() / scale < 1e-5
     assert np.abs(sparse - dense).max() / scale > 1e-3
+
+
+@requires_backend
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
+def test_device_built_indexer_mask_is_bit_exact(tiny_dsa, monkeypatch, flash_attn):
+    """LLAMA_DSA_DEVICE_MASK=1: prefill ubatches compute the indexer mask in the graph (from the attention mask and the
+    cell / token positions) instead of the host writing it; the logits must be bit-identical, for one prefill batch
+    and for a prefill in ubatches of 16 (later ubatches see the cells of earlier ones)."""
+    plain, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(4).integers(3, 320, N)
+    cache = 1 if flash_attn else 0
+    host = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn),
+            v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)]
+    monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "1")
+    device = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn),
+              v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)]
+    for h, d in zip(host, device):
+        np.testing.assert_array_equal(h, d)
+    assert np.abs(host[0][TOPK:] - v.llama_logits(str(plain), toks, n_ctx=128, cache_type=cache,
+                                                  flash_attn=flash_attn)[TOPK:]).max() > 1e-3   # sparse ran

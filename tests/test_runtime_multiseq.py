@@ -59,8 +59,13 @@ def _run(path, seqs: list[np.ndarray], flash_attn: bool) -> list[np.ndarray]:
 
 
 @requires_backend
+@pytest.mark.parametrize("device_mask", [False, True], ids=["host-mask", "device-mask"])
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
-def test_two_sequences_in_one_cache_match_each_alone(tiny_dsa, flash_attn):  # noqa: F811
+def test_two_sequences_in_one_cache_match_each_alone(tiny_dsa, flash_attn, device_mask, monkeypatch):  # noqa: F811
+    """device-mask: LLAMA_DSA_DEVICE_MASK=1, the prefill's indexer mask computed in the graph from the attention mask
+    (which keeps the sequences apart) and the positions."""
+    if device_mask:
+        monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "1")
     _, dsa = tiny_dsa
     rng = np.random.default_rng(11)
     a, b = rng.integers(3, 320, N), rng.integers(3, 320, N)
