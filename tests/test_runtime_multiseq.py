@@ -16,9 +16,10 @@ from test_runtime_decode import LOCAL, SINK, TOPK, tiny_dsa  # noqa: F401 (fixtu
 N, PREFILL = 64, 30   # both past TOPK: the prefill rows after TOPK and every decode step select
 
 
-def _run(path, seqs: list[np.ndarray], flash_attn: bool) -> list[np.ndarray]:
+def _run(path, seqs: list[np.ndarray], flash_attn: bool, unified: bool = True) -> list[np.ndarray]:
     """Logits of every position of each sequence: one batch with every sequence's first PREFILL tokens, then steps
-    of one batch holding the next token of each sequence."""
+    of one batch holding the next token of each sequence. unified=False: one cache stream per sequence (the
+    ubatches then carry 2 streams)."""
     import llama_cpp as L
 
     mp = L.llama_model_default_params()
@@ -28,7 +29,7 @@ def _run(path, seqs: list[np.ndarray], flash_attn: bool) -> list[np.ndarray]:
     cp.n_ctx = 256
     cp.n_batch = cp.n_ubatch = 256
     cp.n_seq_max = len(seqs)
-    cp.kv_unified = True
+    cp.kv_unified = unified
     cp.flash_attn_type = 1 if flash_attn else 0
     cp.n_threads = cp.n_threads_batch = 2
     ctx = L.llama_init_from_model(model, cp)
@@ -59,22 +60,24 @@ def _run(path, seqs: list[np.ndarray], flash_attn: bool) -> list[np.ndarray]:
 
 
 @requires_backend
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "streams"])
 @pytest.mark.parametrize("device_mask", [False, True], ids=["host-mask", "device-mask"])
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
-def test_two_sequences_in_one_cache_match_each_alone(tiny_dsa, flash_attn, device_mask, monkeypatch):  # noqa: F811
+def test_two_sequences_in_one_cache_match_each_alone(tiny_dsa, flash_attn, device_mask, unified, monkeypatch):  # noqa: F811
     """device-mask: LLAMA_DSA_DEVICE_MASK=1, the prefill's indexer mask computed in the graph from the attention mask
-    (which keeps the sequences apart) and the positions."""
+    (which keeps the sequences apart) and the positions. streams: the two sequences in separate cache streams of one
+    context (kv_unified off), so the ubatches carry 2 streams."""
     if device_mask:
         monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "1")
     _, dsa = tiny_dsa
     rng = np.random.default_rng(11)
     a, b = rng.integers(3, 320, N), rng.integers(3, 320, N)
-    together = _run(dsa, [a, b], flash_attn)
+    together = _run(dsa, [a, b], flash_attn, unified)
     alone = [_run(dsa, [a], flash_attn)[0], _run(dsa, [b], flash_attn)[0]]
     for got, want in zip(together, alone):
         scale = want.max() - want.min()
         err = np.abs(got - want).max(axis=1) / scale
-        print(f"fa={flash_attn}: prefill rows max {err[:PREFILL].max():.1e}, decode rows max {err[PREFILL:].max():.1e}")
+        print(f"fa={flash_attn} unified={unified}: prefill rows max {err[:PREFILL].max():.1e}, decode rows max {err[PREFILL:].max():.1e}")
         # same picks and the same math per row; only the batch shapes differ (matmul blocking): float noise
         assert err.max() < 1e-4
     # the two sequences are different inputs: mixing them up would not pass the check above
