@@ -18,8 +18,8 @@
 #   asqspeed  decode speed with the ASQ cache vs a q4_0 cache at 64K on the synthetic 1B shape with random
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
 #             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
-#   asqdecode scripts/check_asq_decode.py on $DSA_FILE with every layer on the GPU: the ASQ decode path's in-place
-#             op vs its decode + flash-attention form vs kernels_ref's ASQ math                   (issue 7)
+#   decodecheck  scripts/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
+#             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7)
 #   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
@@ -161,9 +161,14 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     sfx=${DV_F32:+-f32}
     python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock$sfx.gguf" ${DV_F32:+--f32}
     python3 scripts/verify_dsa_patch.py "$WORK/ref-stock$sfx.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify$sfx.txt" ;;
-  asqdecode)
-    python3 scripts/check_asq_decode.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" --prefill 600 --decode 48 --n-gpu-layers 99 \
-      | tee "$WORK/asqdecode.txt" ;;
+  decodecheck)
+    rc=0
+    for kv in asq f16; do
+      python3 scripts/check_decode.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" --kv $kv --prefill 600 --decode 48 \
+        --n-gpu-layers 99 > "$WORK/decodecheck-$kv.txt" || rc=1
+      cat "$WORK/decodecheck-$kv.txt"
+    done
+    exit $rc ;;
   indexer)
     for h in 8 16; do
       [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \
