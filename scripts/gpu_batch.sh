@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Chain scripts/h200_checks.sh steps (and a few helpers) in one call on a GPU machine that is lent for a limited
+# time, keeping what finished: how the GPU rows of docs/RESULTS.md since section 4f were run.
+#
+#   STEPS="synthbg bg:licheck build wait decodecheck asqspeed waitbg speed1b=16384,65536" LIMIT=585 \
+#   SDIST=llama-trim.tar.gz SHARED=/path/to/shared OUT=/path/to/results bash scripts/gpu_batch.sh
+#
+# Environment: STEPS (space-separated, run in order), LIMIT (seconds for the whole batch; each step gets what is
+# left), SDIST (llama-cpp-python sdist, a trimmed copy is fine), SHARED (as h200_checks.sh: models/, data/), OUT
+# (results: OUT/res.tgz with every *.txt / *.json* / *.md / *.csv / *.log of the work dir), WORK (default /tmp/w),
+# WHEELS (optional dir of wheels installed with --no-index into WORK/site first, e.g. gguf on a machine without it).
+# DSA_FILE / TOK / DSA_WIKITEXT2 pass through to h200_checks.sh.
+#
+# Steps:
+#   any h200_checks.sh step    (build, cudachecks, licheck, asqspeed, decodecheck, speed, profile, asq, ...)
+#   bg:STEP                    that step in the background (e.g. a standalone CUDA check during the build)
+#   waitbg                     wait for the bg: steps
+#   synthbg / synth8bg         write the synthetic 1B (ASQ prototypes) / 8B Q4_K_M file in the background
+#   wait                       wait for synthbg / synth8bg
+#   exp:VAR=VALUE              export a variable for the following steps (e.g. exp:PROF_CTX=131072)
+#   speed1b=C1,C2 / speed8b=C  the speed step on the 1B / 8B file at those contexts
+#   bench1b=ARGS / bench8b=ARGS  dsa bench on that file with extra comma-separated args
+#                              (bench1b=--ctx,131072,--attn,sparse,--index-keys,f16)
+set -uo pipefail
+START=$(date +%s); LIMIT=${LIMIT:-580}
+rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
+: "${SDIST:?set SDIST}" "${SHARED:?set SHARED}" "${OUT:?set OUT}"
+W=${WORK:-/tmp/w}; R=$OUT/r; mkdir -p "$W" "$R"
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHEELS"/*.whl && export PYTHONPATH=$W/site
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+H="bash scripts/h200_checks.sh $SHARED $SDIST $W"
+finish() { cp "$W"/*.txt "$W"/*.json* "$W"/*.md "$W"/*.csv "$W"/*.log "$R"/ 2>/dev/null; tar czf "$OUT/res.tgz" -C "$OUT" r; rm -rf "$R"; }
+trap finish EXIT
+synth() { python3 scripts/make_synth_gguf.py "$1" --shape "$2" --outtype q4_k_m --quiet ${3:-}; }
+for s in ${STEPS:-}; do
+  echo "== $s $(date -u +%T) (batch seconds left: $(rem 99999))"
+  case $s in
+  synthbg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-1b-asq.gguf llama-3.2-1b '--asq 64'" \
+              > "$R/synth1b.out" 2>&1 &) ;;
+  synth8bg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-8b.gguf llama-3.1-8b" \
+              > "$R/synth8b.out" 2>&1 &) ;;
+  wait) while pgrep -f make_synth_gguf > /dev/null; do sleep 2; done ;;
+  bg:*) timeout "$(rem 300)" $H "${s#bg:}" > "$R/${s#bg:}.out" 2>&1 & ;;
+  waitbg) wait ;;
+  exp:*) export "${s#exp:}" ;;
+  speed1b=*) SPEED_CTX=${s#speed1b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
+  speed8b=*) SPEED_8B=only SPEED_CTX=${s#speed8b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
+  bench1b=*|bench8b=*)
+    f=$W/synth-1b-asq.gguf; [ "${s%%=*}" = bench8b ] && f=$W/synth-8b.gguf
+    args=$(echo "${s#*=}" | tr , ' '); tag=$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
+    timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" $args --gen 32 --flash-attn --n-gpu-layers 999 --force \
+      --jsonl "$W/bench-$tag.jsonl" > "$R/bench-$tag.out" 2>&1; echo "rc $?"; cut -c1-500 "$W/bench-$tag.jsonl" ;;
+  *) timeout "$(rem "${TMAX:-400}")" $H "$s" > "$R/$s.out" 2>&1; echo "rc $?"; tail -3 "$R/$s.out" ;;
+  esac
+done
