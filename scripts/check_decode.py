@@ -52,9 +52,12 @@ def main() -> int:
     n = args.prefill + args.decode
     n_ctx = 256 * ((n + 255) // 256)
     toks = np.random.default_rng(args.seed).integers(3, 4000, n)
-    import gguf
-    arch = gguf.GGUFReader(args.dsa_gguf).fields["general.architecture"].contents()
-    overrides = None if asq_on else {f"{arch}.dsa.asq.cache": False}
+    overrides = None
+    if not asq_on:
+        from dsa_convert.formats.gguf_read import GgufFile
+        g = GgufFile(Path(args.dsa_gguf))
+        overrides = {f"{g.arch}.dsa.asq.cache": False}
+        g.close()
 
     def run(**kw) -> np.ndarray:
         return v.llama_logits(args.dsa_gguf, toks, overrides, n_ctx=n_ctx, prefill=args.prefill, flash_attn=True,

@@ -26,8 +26,8 @@
 #             of LLAMA_DSA_FUSED_ATTN=0, or LLAMA_DSA_DEVICE_MASK=1: the prefill's indexer mask built in the graph)
 #   asqenc    scripts/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
-#   licheck   scripts/cuda/li_check.cu: the patch's lightning-indexer kernel vs a shared-memory-staged candidate vs
-#             a CPU reference, timed for decode and prefill at 4K-128K keys                       (issue 6)
+#   licheck   scripts/cuda/li_check.cu: the lightning-indexer kernel's earlier form vs the patch's staged decode and
+#             tiled prefill kernels vs a CPU reference, timed for decode and prefill at 4K-128K keys  (issue 6)
 #   cudachecks  scripts/cuda/run_cuda_check.sh topk and sattn: the patch's radix top-k and sparse-attention decode
 #             kernels (headers taken from the patch) vs CPU references, with timings                  (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
@@ -134,7 +134,8 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   cudachecks)
     rc=0
     for c in topk sattn; do bash scripts/cuda/run_cuda_check.sh $c "$WORK/$c" > "$WORK/${c}_check.log" 2>&1 || rc=1; done
-    tail -3 "$WORK"/topk_check.log "$WORK"/sattn_check.log; exit $rc ;;
+    tail -3 "$WORK"/topk_check.log "$WORK"/sattn_check.log
+    [ $rc -eq 0 ] || exit $rc ;;
   profile)
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
     [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
@@ -168,7 +169,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
         --n-gpu-layers 99 > "$WORK/decodecheck-$kv.txt" || rc=1
       cat "$WORK/decodecheck-$kv.txt"
     done
-    exit $rc ;;
+    [ $rc -eq 0 ] || exit $rc ;;
   indexer)
     for h in 8 16; do
       [ -s "$WORK/indexer-h$h.json" ] || python3 scripts/bench_dsa_quality.py --model "$MODEL" --calib "$CALIB" \

@@ -5,13 +5,11 @@ logits it gets alone in its own context, for the sparse prefill and for the deco
 of each sequence)."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
 from conftest import requires_backend
-from test_runtime_decode import LOCAL, SINK, TOPK, tiny_dsa  # noqa: F401 (fixture)
+from test_runtime_decode import tiny_dsa  # noqa: F401 (fixture)
 
 N, PREFILL = 64, 30   # both past TOPK: the prefill rows after TOPK and every decode step select
 
