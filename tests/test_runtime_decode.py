@@ -110,6 +110,27 @@ def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type, ubatch
 
 
 @requires_backend
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
+def test_decode_masks_from_positions_are_bit_exact(tiny_dsa, monkeypatch, flash_attn):
+    """LLAMA_DSA_DEVICE_MASK bit 1 (the default): decode-size ubatches compute both masks (attention and indexer) in
+    the graph from the cell and token positions, and the host writes no mask. The logits must be bit-identical to the
+    host-written masks (LLAMA_DSA_DEVICE_MASK=0), token by token after a prefill and in 4-token ubatches (several
+    queries per stream, some picks not yet visible)."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(6).integers(3, 320, N)
+    cache = 1 if flash_attn else 0
+    runs = [dict(prefill=PREFILL), dict(n_ubatch=4)]
+    device = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn, **kw) for kw in runs]
+    monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "0")
+    host = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn, **kw) for kw in runs]
+    for h, d in zip(host, device):
+        np.testing.assert_array_equal(h, d)
+    ref = v.ref_logits(str(dsa), toks, sparse=True)
+    assert np.abs(device[0] - ref).max() / (ref.max() - ref.min()) < 1e-3   # the sparse model, decoded
+
+
+@requires_backend
 def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa, monkeypatch):
     """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share): with the same prefill + single-token decode
     as sparse, the logits are the dense ones (the selection is computed and not used)."""

@@ -15,6 +15,10 @@ computes every sparse layer's selection, scores and top-k, but attends densely):
 = that time - the dense run's at the same ctx, `indexer_share_decode` = it / the sparse decode time. The
 rest of the sparse overhead is the selection mask and the gather. `indexer_share_*_est` = 1 - t_dense /
 t_sparse is the whole sparse overhead's share (indexer, top-k, mask, gather), prefill and decode.
+Host time: the timed decodes run with LLAMA_DSA_HOST_TIMING=1; the patch logs, per single-token decode, the host µs
+of cache apply + graph build/reuse, of writing the inputs (masks, positions) and of launching the graph
+(`host_us_per_decode_token`; on a GPU the launch is asynchronous, on the CPU it is the whole compute). The table's
+`host µs/tok` is graph + inputs: the host work a GPU waits for before each token.
 --variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
 environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`.
 """
@@ -208,16 +212,19 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         lc.llama_memory_clear(mem, True)
         lc.llama_perf_context_reset(ctx)
         prefill_s = _prefill(lc, ctx, prompt, o.batch)
-        decode_s = _decode_steps(lc, ctx, gen)
+        with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of these decodes
+            decode_s = _decode_steps(lc, ctx, gen)
         perf = lc.llama_perf_context(ctx)
         indexer_only_s = None
         if attn == "sparse":              # the same steps with the selection computed but dense attention
             with _patch_switch("LLAMA_DSA_INDEXER_ONLY", "1"):
                 indexer_only_s = _decode_steps(lc, ctx, gen)
     finally:
-        llm.close()
-        del llm
-        gc.collect()
+        with capture_log(lc) as close_log:   # the host timing is logged when the context is freed
+            llm.close()
+            del llm
+            gc.collect()
+    host_us = parse_host_timing("".join(close_log))
     if not kv.found:
         raise DsaError("llama.cpp logged no KV-cache size (log format changed?)")
     eff_k = None if attn == "dense" else fi.top_k
@@ -230,6 +237,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "decode_tokens": o.gen, "decode_s": round(decode_s, 4),
         "indexer_only_decode_s": None if indexer_only_s is None else round(indexer_only_s, 4),
         "decode_tok_s": round(o.gen / decode_s, 2), "decode_ms_per_tok": round(1000 * decode_s / o.gen, 3),
+        "host_us_per_decode_token": host_us,
         "llama_perf_ms": {"prefill": round(perf.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms, 2),
                           "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval,
                           "n_graphs_reused": perf.n_reused},
@@ -242,6 +250,20 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LLAMA_DSA_")},
         "file": str(path),
     }
+
+
+_HOST_TIMING = re.compile(r"dsa_host_timing: n=(\d+) graph_us=([\d.]+) inputs_us=([\d.]+) launch_us=([\d.]+)")
+
+
+def parse_host_timing(log: str) -> dict | None:
+    """The patch's LLAMA_DSA_HOST_TIMING line: mean host µs per single-token decode spent in cache apply + graph
+    build/reuse (`graph`), writing the inputs (`inputs`: masks, positions, indices) and launching the graph (`launch`,
+    asynchronous); None if the runtime did not log it (a stock build)."""
+    m = _HOST_TIMING.search(log)
+    if not m:
+        return None
+    n, graph, inputs, launch = m.groups()
+    return {"n": int(n), "graph": float(graph), "inputs": float(inputs), "launch": float(launch)}
 
 
 def add_indexer_share(rows: list[dict]) -> None:
@@ -331,7 +353,7 @@ def write_plot(rows: list[dict], out: Path, title: str) -> Path:
 
 def render(rows: list[dict]) -> str:
     head = (f"{'ctx':>8} {'attn':>6} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9} "
-            f"{'indexer ms/tok':>15}  device")
+            f"{'indexer ms/tok':>15} {'host µs/tok':>11}  device")  # host µs/tok: graph + inputs
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -339,7 +361,9 @@ def render(rows: list[dict]) -> str:
             continue
         idx = r.get("indexer_decode_ms_per_tok")
         idx_s = f"{idx:.3f} ({100 * r['indexer_share_decode']:.0f} %)" if idx is not None else "—"
+        host = r.get("host_us_per_decode_token")
+        host_s = f"{host['graph'] + host['inputs']:.0f}" if host else "—"   # host work before the launch
         lines.append(f"{r['ctx']:>8} {r['attn']:>6} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
-                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15}  {r['device']}"
+                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15} {host_s:>11}  {r['device']}"
                      + (f"  [{r['variant']}]" if r.get("variant") else ""))
     return "\n".join(lines)
