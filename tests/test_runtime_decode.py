@@ -112,7 +112,7 @@ def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type, ubatch
 @requires_backend
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
 def test_decode_masks_from_positions_are_bit_exact(tiny_dsa, monkeypatch, flash_attn):
-    """LLAMA_DSA_DEVICE_MASK bit 1 (the default): decode-size ubatches compute both masks (attention and indexer) in
+    """LLAMA_DSA_DEVICE_MASK bit 1 (on by default): decode-size ubatches compute both masks (attention and indexer) in
     the graph from the cell and token positions, and the host writes no mask. The logits must be bit-identical to the
     host-written masks (LLAMA_DSA_DEVICE_MASK=0), token by token after a prefill and in 4-token ubatches (several
     queries per stream, some picks not yet visible)."""
@@ -149,19 +149,26 @@ def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa
 @requires_backend
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
 def test_device_built_indexer_mask_is_bit_exact(tiny_dsa, monkeypatch, flash_attn):
-    """LLAMA_DSA_DEVICE_MASK=1: prefill ubatches compute the indexer mask in the graph (from the attention mask and the
-    cell / token positions) instead of the host writing it; the logits must be bit-identical, for one prefill batch
-    and for a prefill in ubatches of 16 (later ubatches see the cells of earlier ones)."""
+    """LLAMA_DSA_DEVICE_MASK bit 0 (on by default): prefill ubatches compute the indexer mask in the graph (from the
+    attention mask and the cell / token positions) instead of the host writing it; the logits must be bit-identical
+    to the host-written mask (=0), for one prefill batch and for a prefill in ubatches of 16 (later ubatches see the
+    cells of earlier ones), with the switch alone (=1) and with the default (3: decode masks from positions too)."""
     plain, dsa = tiny_dsa
     v = verify_module()
     toks = np.random.default_rng(4).integers(3, 320, N)
     cache = 1 if flash_attn else 0
-    host = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn),
-            v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)]
+
+    def both():
+        return [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn),
+                v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)]
+
+    default = both()
+    monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "0")
+    host = both()
     monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "1")
-    device = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn),
-              v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)]
-    for h, d in zip(host, device):
+    device = both()
+    for h, d, dd in zip(host, device, default):
         np.testing.assert_array_equal(h, d)
+        np.testing.assert_array_equal(h, dd)
     assert np.abs(host[0][TOPK:] - v.llama_logits(str(plain), toks, n_ctx=128, cache_type=cache,
                                                   flash_attn=flash_attn)[TOPK:]).max() > 1e-3   # sparse ran

@@ -188,9 +188,12 @@ def _prefill(lc, ctx, toks: np.ndarray, batch: int) -> float:
     return time.perf_counter() - t0
 
 
+WARM_DECODES = 3   # untimed single-token decodes between the prefill and the timed ones
+
+
 def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo, variant: str | None = None) -> dict:
     threads = o.threads or (os.cpu_count() or 1)
-    ropts = RunnerOptions(n_ctx=ctx_len + 2 * o.gen, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
+    ropts = RunnerOptions(n_ctx=ctx_len + 2 * o.gen + WARM_DECODES, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
                           flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
                           n_threads=threads, logits_all=False)
     t0 = time.perf_counter()
@@ -212,6 +215,9 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         lc.llama_memory_clear(mem, True)
         lc.llama_perf_context_reset(ctx)
         prefill_s = _prefill(lc, ctx, prompt, o.batch)
+        # untimed decodes at the full depth: the warm-up above decoded at depth < top_k (all keys selected, the dense
+        # kernels), so the sparse decode's first steps would load its kernels and capture its CUDA graph in the timing
+        _decode_steps(lc, ctx, gen[:WARM_DECODES])
         with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of these decodes
             decode_s = _decode_steps(lc, ctx, gen)
         perf = lc.llama_perf_context(ctx)
