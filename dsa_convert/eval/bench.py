@@ -1,9 +1,11 @@
 """`dsa bench`: prefill and decode speed, and KV-cache size, per context length, sparse vs dense.
 
-For every (ctx, attn) pair a fresh llama.cpp context of n_ctx = ctx + gen is created (the file's top-k for
+For every (ctx, attn) pair a fresh llama.cpp context of n_ctx = ctx + 2 gen + 3 is created (the file's top-k for
 `sparse`, the run-time override top_k = 0 for `dense`; flash attention on by default for both), a warm-up
 batch is decoded and cleared, then ctx random token ids are prefilled (batches of --batch, timed until
-llama_synchronize) and --gen tokens are decoded one at a time (timed the same way). Tokens go straight to
+llama_synchronize), 3 tokens are decoded untimed at that depth (so the sparse decode graph is built and, on CUDA,
+captured before the timing: the warm-up batch decoded at a depth below top-k, where every key is selected and the
+dense kernels run) and --gen tokens are decoded one at a time (timed the same way). Tokens go straight to
 llama_decode (llama_batch_get_one), so no Python per-token work is inside the timings. llama.cpp's own
 counters (llama_perf_context: prompt-eval and eval ms) are reported beside the wall times.
 
