@@ -23,7 +23,8 @@
 #   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
-#             of LLAMA_DSA_FUSED_ATTN=0, or LLAMA_DSA_DEVICE_MASK=1: the prefill's indexer mask built in the graph)
+#             of LLAMA_DSA_FUSED_ATTN=0, or LLAMA_DSA_DEVICE_MASK=0: every mask written by the host; the default 3
+#             builds the prefill indexer mask and the decode masks in the graph)
 #   asqenc    scripts/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
 #   licheck   scripts/cuda/li_check.cu: the lightning-indexer kernel's earlier form vs the patch's staged decode and
