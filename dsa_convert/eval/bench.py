@@ -220,6 +220,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         # untimed decodes at the full depth: the warm-up above decoded at depth < top_k (all keys selected, the dense
         # kernels), so the sparse decode's first steps would load its kernels and capture its CUDA graph in the timing
         _decode_steps(lc, ctx, gen[:WARM_DECODES])
+        warm = lc.llama_perf_context(ctx)                   # llama.cpp's decode counters: the timed steps only
         with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of these decodes
             decode_s = _decode_steps(lc, ctx, gen)
         perf = lc.llama_perf_context(ctx)
@@ -246,8 +247,8 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "indexer_only_decode_s": None if indexer_only_s is None else round(indexer_only_s, 4),
         "decode_tok_s": round(o.gen / decode_s, 2), "decode_ms_per_tok": round(1000 * decode_s / o.gen, 3),
         "host_us_per_decode_token": host_us,
-        "llama_perf_ms": {"prefill": round(perf.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms, 2),
-                          "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval,
+        "llama_perf_ms": {"prefill": round(perf.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms - warm.t_eval_ms, 2),
+                          "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval - warm.n_eval,
                           "n_graphs_reused": perf.n_reused},
         **kv.report(),
         "kv_type": o.kv, "index_keys": o.index_keys if attn == "sparse" else None,
