@@ -144,13 +144,13 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     python3 scripts/profile_decode.py "$f" --ctx $c --gen 16 --kv ${PROF_KV:-f16} | tee "$WORK/profile-wall-$c.json"
     if [ -n "${PROF_PREFILL:-}" ]; then   # one prefill ubatch (the last 512 tokens of the context), sparse
       python3 scripts/profile_decode.py "$f" --ctx $c --what prefill | tee "$WORK/profile-prefill-wall-$c.json"
-      ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      ncu --profile-from-start off --clock-control none --cache-control ${NCU_CACHE:-none} --metrics gpu__time_duration.sum --csv --print-units base \
         --log-file "$WORK/ncu-prefill-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --what prefill --attn sparse \
         --profile > "$WORK/ncu-prefill-$c.log" 2>&1 || tail -5 "$WORK/ncu-prefill-$c.log"
       python3 scripts/profile_decode.py --summary "$WORK/ncu-prefill-$c.csv" --gen 1 | tee "$WORK/profile-prefill-$c.txt" | head -30
     fi
     for m in ${PROF_ATTN:-sparse dense}; do
-      ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      ncu --profile-from-start off --clock-control none --cache-control ${NCU_CACHE:-none} --metrics gpu__time_duration.sum --csv --print-units base \
         --log-file "$WORK/ncu-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --gen 2 --attn $m --kv ${PROF_KV:-f16} --profile \
         > "$WORK/ncu-$m-$c.log" 2>&1 || tail -5 "$WORK/ncu-$m-$c.log"
       python3 scripts/profile_decode.py --summary "$WORK/ncu-$m-$c.csv" --gen 2 | tee "$WORK/profile-$m-$c.txt" | head -40

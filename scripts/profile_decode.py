@@ -4,8 +4,9 @@
     # wall time per decoded token (no profiler), sparse and dense:
     python scripts/profile_decode.py FILE.gguf --ctx 32768 --gen 16
     # the same decode steps under Nsight Compute, one metric (gpu__time_duration), profiling only the decode:
-    ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-        --log-file k.csv python scripts/profile_decode.py FILE.gguf --ctx 32768 --gen 2 --attn sparse --profile
+    # (--cache-control none: without it ncu flushes the caches before every kernel, which inflates the small ones)
+    ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        --print-units base --log-file k.csv python scripts/profile_decode.py FILE.gguf --ctx 32768 --gen 2 --attn sparse --profile
     python scripts/profile_decode.py --summary k.csv --gen 2          # per-kernel table, µs per token
     # the same for one prefill ubatch (the last --batch tokens of the context), --gen 1 in the summary:
     ... profile_decode.py FILE.gguf --ctx 32768 --what prefill --attn sparse --profile
