@@ -27,10 +27,12 @@
 #             builds the prefill indexer mask and the decode masks in the graph)
 #   asqenc    scripts/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
-#   licheck   scripts/cuda/li_check.cu: the lightning-indexer kernel's earlier form vs the patch's staged decode and
+#   licheck   scripts/cuda/li_check.cu: the lightning-indexer kernel's earlier form vs the (session 5-7) staged decode and
 #             tiled prefill kernels vs a CPU reference, timed for decode and prefill at 4K-128K keys  (issue 6)
-#   cudachecks  scripts/cuda/run_cuda_check.sh topk and sattn: the patch's radix top-k and sparse-attention decode
-#             kernels (headers taken from the patch) vs CPU references, with timings                  (issue 6)
+#   cudachecks  scripts/cuda/run_cuda_check.sh topk, sattn and lid: the patch's radix top-k, sparse-attention
+#             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
+#             (lid) the earlier decode kernel, with timings                                          (issue 6)
+#   lidcheck  the lid check alone                                                                      (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE)       (issue 6)
@@ -132,10 +134,14 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   licheck)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o "$WORK/li_check" \
       && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
+  lidcheck)   # the decode lightning indexer alone (also part of cudachecks)
+    bash scripts/cuda/run_cuda_check.sh lid "$WORK/lid" > "$WORK/lid_check.log" 2>&1; rc=$?
+    tail -30 "$WORK"/lid_check.log
+    [ $rc -eq 0 ] || exit $rc ;;
   cudachecks)
     rc=0
-    for c in topk sattn; do bash scripts/cuda/run_cuda_check.sh $c "$WORK/$c" > "$WORK/${c}_check.log" 2>&1 || rc=1; done
-    tail -3 "$WORK"/topk_check.log "$WORK"/sattn_check.log
+    for c in topk sattn lid; do bash scripts/cuda/run_cuda_check.sh $c "$WORK/$c" > "$WORK/${c}_check.log" 2>&1 || rc=1; done
+    tail -3 "$WORK"/topk_check.log "$WORK"/sattn_check.log; tail -30 "$WORK"/lid_check.log
     [ $rc -eq 0 ] || exit $rc ;;
   profile)
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}

@@ -65,7 +65,7 @@ def make_indexer_tensors(rng: np.random.Generator, n_embd: int, heads: int, dim:
                          dtype: np.dtype) -> dict[str, np.ndarray]:
     """Random indexer weights in numpy order (the reverse of the ggml shapes in FORMAT.md)."""
     s = 1.0 / np.sqrt(n_embd)
-    return {
+    t = {
         # ggml {n_embd, H*D} -> numpy (H*D, n_embd)
         "indexer.attn_q_b.weight": (rng.standard_normal((heads * dim, n_embd)) * s).astype(dtype),
         "indexer.attn_k.weight": (rng.standard_normal((dim, n_embd)) * s).astype(dtype),
@@ -73,6 +73,10 @@ def make_indexer_tensors(rng: np.random.Generator, n_embd: int, heads: int, dim:
         "indexer.k_norm.bias": (0.1 * rng.standard_normal(dim)).astype(np.float32),
         "indexer.proj.weight": (rng.standard_normal((heads, n_embd)) * s).astype(dtype),
     }
+    # written q_b, k, proj back to back (FORMAT.md §3: the runtime multiplies them as one matrix when adjacent);
+    # drawn in the order above, so the values do not depend on the file order
+    order = ("attn_q_b.weight", "attn_k.weight", "proj.weight", "k_norm.weight", "k_norm.bias")
+    return {f"indexer.{n}": t[f"indexer.{n}"] for n in order}
 
 
 def main(argv: list[str] | None = None) -> int:

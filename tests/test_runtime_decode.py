@@ -172,3 +172,29 @@ def test_device_built_indexer_mask_is_bit_exact(tiny_dsa, monkeypatch, flash_att
         np.testing.assert_array_equal(h, dd)
     assert np.abs(host[0][TOPK:] - v.llama_logits(str(plain), toks, n_ctx=128, cache_type=cache,
                                                   flash_attn=flash_attn)[TOPK:]).max() > 1e-3   # sparse ran
+
+
+@requires_backend
+def test_merged_indexer_projections_are_bit_exact_and_used(tiny_dsa, monkeypatch):
+    """q_b, k and proj of the indexer lie back to back (dsa writes them so; the loader creates them so): the graph
+    multiplies them as one matrix, a tensor aliasing the three weights. The logits must be bit-identical to three
+    separate products (LLAMA_DSA_MERGE_PROJ=0), for a one-batch prefill and for token-by-token decode; the debug log
+    shows that the merged product was built (and not with the switch off)."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(8).integers(3, 320, N)
+    runs = [dict(), dict(prefill=PREFILL)]
+    merged = [v.llama_logits(str(dsa), toks, n_ctx=128, **kw) for kw in runs]
+    monkeypatch.setenv("LLAMA_DSA_MERGE_PROJ", "0")
+    three = [v.llama_logits(str(dsa), toks, n_ctx=128, **kw) for kw in runs]
+    for a, b in zip(merged, three):
+        np.testing.assert_array_equal(a, b)
+    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True); m.eval([5, 6, 7]); "
+            "m.eval([8])")
+    line = "indexer q_b, k and proj multiplied as one matrix (blk.0.indexer.attn_q_b.weight+k+proj)"
+    monkeypatch.delenv("LLAMA_DSA_MERGE_PROJ")
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
+    assert r.returncode == 0 and line in r.stderr
+    monkeypatch.setenv("LLAMA_DSA_MERGE_PROJ", "0")
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
+    assert r.returncode == 0 and line not in r.stderr

@@ -95,8 +95,9 @@ def dsa_kv(arch: str, cfg: DsaConfig, sink: int, local: int, split_source: str, 
 def indexer_tensors(il: int, w: IndexerWeights) -> dict[str, np.ndarray]:
     f = lambda t: np.ascontiguousarray(t.detach().float().cpu().numpy())  # noqa: E731
     p = f"blk.{il}.indexer."
-    return {p + "attn_q_b.weight": f(w.W_q), p + "attn_k.weight": f(w.W_k), p + "k_norm.weight": f(w.gamma),
-            p + "k_norm.bias": f(w.beta), p + "proj.weight": f(w.W_w)}
+    # q_b, k and proj back to back (FORMAT.md §3): the patched runtime then multiplies them as one matrix
+    return {p + "attn_q_b.weight": f(w.W_q), p + "attn_k.weight": f(w.W_k), p + "proj.weight": f(w.W_w),
+            p + "k_norm.weight": f(w.gamma), p + "k_norm.bias": f(w.beta)}
 
 
 def _model_ctx(model) -> int:

@@ -4,21 +4,26 @@
 #          reference, and its speed vs the old full-sort path
 #   sattn  scripts/cuda/sattn_check.cu: the sparse-attention decode kernel (ggml/src/ggml-cuda/
 #          dsa-sparse-attn-kernels.cuh) vs a double-precision CPU reference, and its time on the 1B / 8B shapes
+#   lid    scripts/cuda/lid_check.cu: the decode lightning indexer (ggml/src/ggml-cuda/dsa-lightning-indexer-decode.cuh)
+#          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
-# The kernel header is taken from $CHECK_HEADER if set, else extracted from the new-file hunk of
-# patches/llama.cpp/*.patch (or from the diff/patch files in $CHECK_PATCHES). nvcc: $NVCC or the one on PATH
+# The kernel headers are taken from $CHECK_HEADER_DIR (a ggml-cuda source dir) or $CHECK_HEADER (a file of that
+# name) if set, else extracted from the new-file hunks of patches/llama.cpp/*.patch (or of the diff/patch files in
+# $CHECK_PATCHES). nvcc: $NVCC or the one on PATH
 # or /usr/local/cuda/bin/nvcc; architecture $CUDA_ARCH (default sm_90).
 # Writes OUTDIR/CHECK_check (binary) and OUTDIR/CHECK_check.txt; exit status of the check (0: all cases pass).
-# Runtime on an H200: topk compiles in ~40 s and runs 1-2 min (--quick ~20 s); sattn ~10 s + a few seconds.
+# Runtime on an H200: topk compiles in ~40 s and runs 1-2 min (--quick ~20 s); sattn ~10 s + a few seconds; lid
+# (not run yet at the time of writing) a few seconds.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-CHECK=${1:?usage: run_cuda_check.sh topk|sattn [OUTDIR] [--quick] [--compile-only]}; shift
+CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
-  topk)  HEADER=top-k-radix.cuh ;;
-  sattn) HEADER=dsa-sparse-attn-kernels.cuh ;;
-  *) echo "unknown check $CHECK (topk or sattn)" >&2; exit 2 ;;
+  topk)  HEADERS="top-k-radix.cuh" ;;
+  sattn) HEADERS="dsa-sparse-attn-kernels.cuh" ;;
+  lid)   HEADERS="dsa-lightning-indexer-decode.cuh top-k-radix.cuh" ;;
+  *) echo "unknown check $CHECK (topk, sattn or lid)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
 QUICK=""; COMPILE_ONLY=0
@@ -29,21 +34,25 @@ done
 mkdir -p "$OUTDIR"
 HDIR=$(mktemp -d)
 trap 'rm -rf "$HDIR"' EXIT
-if [ -n "${CHECK_HEADER:-}" ]; then
-  cp "$CHECK_HEADER" "$HDIR/$HEADER"
-else
-  # shellcheck disable=SC2086
-  for p in ${CHECK_PATCHES:-$REPO/patches/llama.cpp/*.patch}; do
-    awk -v h="+++ b/ggml/src/ggml-cuda/$HEADER" '$0 == h {on=1; next}
-         on && /^diff --git / {exit}
-         on && /^\+/ {print substr($0, 2)}' "$p" > "$HDIR/$HEADER"
-    [ -s "$HDIR/$HEADER" ] && break
-  done
-fi
-if [ ! -s "$HDIR/$HEADER" ]; then
-  echo "$HEADER not found: the llama.cpp patch has no ggml/src/ggml-cuda/$HEADER and CHECK_HEADER is not set" >&2
-  exit 2
-fi
+for HEADER in $HEADERS; do
+  if [ -n "${CHECK_HEADER_DIR:-}" ]; then
+    cp "$CHECK_HEADER_DIR/$HEADER" "$HDIR/$HEADER"
+  elif [ -n "${CHECK_HEADER:-}" ] && [ "$(basename "$CHECK_HEADER")" = "$HEADER" ]; then
+    cp "$CHECK_HEADER" "$HDIR/$HEADER"
+  else
+    # shellcheck disable=SC2086
+    for p in ${CHECK_PATCHES:-$REPO/patches/llama.cpp/*.patch}; do
+      awk -v h="+++ b/ggml/src/ggml-cuda/$HEADER" '$0 == h {on=1; next}
+           on && /^diff --git / {exit}
+           on && /^\+/ {print substr($0, 2)}' "$p" > "$HDIR/$HEADER"
+      [ -s "$HDIR/$HEADER" ] && break
+    done
+  fi
+  if [ ! -s "$HDIR/$HEADER" ]; then
+    echo "$HEADER not found: the llama.cpp patch has no ggml/src/ggml-cuda/$HEADER and neither CHECK_HEADER_DIR nor CHECK_HEADER provides it" >&2
+    exit 2
+  fi
+done
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 echo "== nvcc: $NVCC ($("$NVCC" --version | tail -1)), arch ${CUDA_ARCH:-sm_90}"
 s=$(date +%s)

@@ -1,0 +1,232 @@
+// Standalone check + timing of the decode lightning-indexer kernel of the patched ggml (issue #6), to run on a GPU.
+//
+// Includes ggml/src/ggml-cuda/dsa-lightning-indexer-decode.cuh (scripts/cuda/run_cuda_check.sh lid extracts it from
+// patches/llama.cpp/*.patch) and compares it, for one query token per stream, with
+//  - "staged": a copy of the decode kernel the patch had before (sessions 5-7): the tile of keys staged in padded
+//    shared memory one 16-byte load at a time, then every FMA reading both operands from shared memory;
+//    the new kernel's scores must be BIT-EQUAL to it (same summation order), F32 and F16 keys;
+//  - a double-precision CPU reference of sum_h (w_h * w_scale) * relu(q_h . k) + mask (relative error);
+// and times both at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams.
+// Then the indexer with the top-k's first pass inside (dsa_lid_topk_launch: the scores + the top-k of each stream,
+// 1 memset + 3 kernels) against the earlier sequence, old kernel + topk_radix_launch (1 memset + 4 kernels): the
+// picked indices must be identical (the radix top-k itself is checked against a CPU reference by topk_check.cu),
+// and both are timed.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with dsa-lightning-indexer-decode.cuh and top-k-radix.cuh> lid_check.cu
+// Exit status 0 iff every case passes.
+#include "check_common.cuh"
+#include "dsa-lightning-indexer-decode.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+// ---------------------------------------------------------------- the earlier decode kernel (copy)
+#define OLD_KPB(D) ((D) <= 64 ? 128 : 64)
+template <typename T> __device__ __forceinline__ float old_f32(T x);
+template <> __device__ __forceinline__ float old_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float old_f32<half>(half x) { return __half2float(x); }
+
+template <int D, typename TK, typename TM>
+__global__ void __launch_bounds__(OLD_KPB(D)) old_staged(const dsa_lid_params p) {
+    constexpr int KPB = OLD_KPB(D);
+    constexpr int EPV = 16/sizeof(TK);
+    extern __shared__ float old_smem[];
+    float * k_sh = old_smem;               // [KPB][D+1]
+    float * q_sh = k_sh + KPB*(D + 1);     // [n_head][D]
+    float * w_sh = q_sh + p.n_head*D;      // [n_head]
+    const int tid = threadIdx.x;
+    const int64_t s = blockIdx.z;
+    const int64_t kv0 = (int64_t) blockIdx.x*KPB;
+    const int n_k = (int) min((int64_t) KPB, p.n_kv - kv0);
+    for (int i = tid; i < p.n_head*D; i += KPB) q_sh[i] = *(const float *) (p.q + (i % D)*4 + (i / D)*p.nbq1 + s*p.nbq3);
+    for (int i = tid; i < p.n_head; i += KPB) w_sh[i] = *(const float *) (p.w + i*4 + s*p.nbw3) * p.w_scale;
+    const char * kt = p.k + kv0*D*sizeof(TK) + s*p.nbk3;
+    for (int i = tid; i < n_k*(D/EPV); i += KPB) {
+        const uint4 u = *(const uint4 *) (kt + (size_t) i*16);
+        float * row = k_sh + (i/(D/EPV))*(D + 1) + EPV*(i % (D/EPV));
+        if constexpr (EPV == 4) {
+            row[0] = __uint_as_float(u.x); row[1] = __uint_as_float(u.y); row[2] = __uint_as_float(u.z); row[3] = __uint_as_float(u.w);
+        } else {
+            const half2 * h2 = (const half2 *) &u;
+            for (int j = 0; j < 4; ++j) { const float2 f = __half22float2(h2[j]); row[2*j] = f.x; row[2*j + 1] = f.y; }
+        }
+    }
+    __syncthreads();
+    if (tid >= n_k) return;
+    const float * kr = k_sh + tid*(D + 1);
+    float acc = 0.0f;
+    for (int h = 0; h < p.n_head; ++h) {
+        const float * qh = q_sh + h*D;
+        float dot = 0.0f;
+#pragma unroll 16
+        for (int e = 0; e < D; ++e) dot += qh[e]*kr[e];
+        acc += fmaxf(dot, 0.0f)*w_sh[h];
+    }
+    const int64_t i_kv = kv0 + tid;
+    const TM m = ((const TM *) (p.m + (s % p.n_mask_streams)*p.nbm3))[i_kv];
+    ((float *) (p.dst + s*p.nb3))[i_kv] = acc + old_f32<TM>(m);
+}
+
+template <typename TK, typename TM, int D>
+static void launch_old(const dsa_lid_params & p, int n_stream, cudaStream_t st) {
+    constexpr int KPB = OLD_KPB(D);
+    const size_t smem = ((size_t) KPB*(D + 1) + (size_t) p.n_head*(D + 1))*4;
+    old_staged<D, TK, TM><<<dim3((p.n_kv + KPB - 1)/KPB, 1, n_stream), KPB, smem, st>>>(p);
+}
+template <typename TK, typename TM>
+static void run_old(const dsa_lid_params & p, int D, int n_stream, cudaStream_t st) {
+    if (D == 32) launch_old<TK, TM, 32>(p, n_stream, st);
+    else if (D == 64) launch_old<TK, TM, 64>(p, n_stream, st);
+    else launch_old<TK, TM, 128>(p, n_stream, st);
+}
+
+static float to_float(float x) { return x; }
+static float to_float(__half x) { return __half2float(x); }
+
+template <typename TK>
+static int check(int D, int H, int N, int S, bool mask_f16) {
+    std::vector<float> q((size_t) S*H*D), w((size_t) S*H), mf((size_t) S*N);
+    std::vector<TK> k((size_t) S*N*D);
+    for (auto & x : q) x = nrand();
+    for (auto & x : k) x = (TK) nrand();
+    for (auto & x : w) x = nrand();
+    const float w_scale = 1.0f/std::sqrt((float) (H*D));
+    for (int s = 0; s < S; ++s) for (int j = 0; j < N; ++j) {   // DSA-like mask: forced cells, tie-break, causal tail
+        const int p1 = N - 1 - 3*s;
+        float m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 1e30f : -1e-30f*(float) j;
+        if (mask_f16) m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 60000.0f : 0.0f;   // F16 range
+        mf[(size_t) s*N + j] = m;
+    }
+    std::vector<__half> mh(mf.size());
+    for (size_t i = 0; i < mf.size(); ++i) mh[i] = __float2half(mf[i]);
+
+    char *dq, *dk, *dw, *dm, *d0, *d1;
+    CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMalloc(&dk, k.size()*sizeof(TK))); CK(cudaMalloc(&dw, w.size()*4));
+    CK(cudaMalloc(&dm, mf.size()*4)); CK(cudaMalloc(&d0, (size_t) S*N*4)); CK(cudaMalloc(&d1, (size_t) S*N*4));
+    CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, k.data(), k.size()*sizeof(TK), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, w.data(), w.size()*4, cudaMemcpyHostToDevice));
+    if (mask_f16) CK(cudaMemcpy(dm, mh.data(), mh.size()*2, cudaMemcpyHostToDevice));
+    else          CK(cudaMemcpy(dm, mf.data(), mf.size()*4, cudaMemcpyHostToDevice));
+
+    dsa_lid_params p = {};
+    p.q = dq; p.k = dk; p.w = dw; p.m = dm; p.dst = d1;
+    p.n_head = H; p.n_kv = N; p.n_mask_streams = S;
+    p.nbq1 = (size_t) D*4; p.nbq3 = (size_t) H*D*4; p.nbk3 = (size_t) N*D*sizeof(TK); p.nbw3 = (size_t) H*4;
+    p.nbm3 = (size_t) N*(mask_f16 ? 2 : 4); p.nb3 = (size_t) N*4; p.w_scale = w_scale;
+    dsa_lid_params p_old = p; p_old.dst = d0;
+
+    cudaStream_t st; CK(cudaStreamCreate(&st));
+    auto run_new = [&]() {
+        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p, D, S, st) : dsa_lid_launch<TK, float>(p, D, S, st);
+        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
+    };
+    auto run_o = [&]() { if (mask_f16) run_old<TK, __half>(p_old, D, S, st); else run_old<TK, float>(p_old, D, S, st); };
+    CK(cudaMemset(d0, 0xff, (size_t) S*N*4)); CK(cudaMemset(d1, 0xff, (size_t) S*N*4));
+    run_o(); run_new(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+    std::vector<float> o0((size_t) S*N), o1((size_t) S*N);
+    CK(cudaMemcpy(o0.data(), d0, o0.size()*4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
+    const bool same = memcmp(o0.data(), o1.data(), o0.size()*4) == 0;
+    int bad = same ? 0 : 1;
+    double err = 0;
+    for (int s = 0; s < S; ++s) for (int j = 0; j < N; j += 7) {
+        double acc = 0;
+        for (int h = 0; h < H; ++h) {
+            double dot = 0;
+            for (int e = 0; e < D; ++e) dot += (double) q[((size_t) s*H + h)*D + e]*to_float(k[((size_t) s*N + j)*D + e]);
+            acc += std::max(dot, 0.0)*(double) (w[(size_t) s*H + h]*w_scale);
+        }
+        const double m = mask_f16 ? (double) __half2float(mh[(size_t) s*N + j]) : mf[(size_t) s*N + j];
+        const double ref = acc + m, got = o1[(size_t) s*N + j];
+        if (std::isinf(ref) || std::fabs(m) > 1e4) {
+            if (!(got == ref || std::fabs(got - ref) <= 1e-6*std::fabs(ref))) ++bad;
+            continue;
+        }
+        const double e = std::fabs(got - ref)/(1e-3 + std::fabs(acc));
+        err = std::max(err, e);
+        if (e > 1e-4) ++bad;
+    }
+    // fused top-k vs old kernel + radix top-k
+    const int K = std::min(N, 2048);
+    const int nsm = [] { int d, n; CK(cudaGetDevice(&d)); CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d)); return n; }();
+    const int bpr = topk_radix_blocks_per_row(N, S, nsm);
+    void * scr0; void * scr1; int * i0; int * i1;
+    CK(cudaMalloc(&scr0, topk_radix_scratch_bytes(S, bpr))); CK(cudaMalloc(&scr1, topk_radix_scratch_bytes(S, bpr)));
+    CK(cudaMalloc(&i0, (size_t) S*K*4)); CK(cudaMalloc(&i1, (size_t) S*K*4));
+    auto run_fused = [&]() {
+        cudaError_t e = mask_f16 ? dsa_lid_topk_launch<TK, __half>(p, D, S, i1, K, bpr, scr1, st)
+                                 : dsa_lid_topk_launch<TK, float>(p, D, S, i1, K, bpr, scr1, st);
+        if (e != cudaSuccess) { fprintf(stderr, "fused launch: %s\n", cudaGetErrorString(e)); exit(2); }
+    };
+    auto run_unfused = [&]() {
+        run_o();
+        CK(topk_radix_launch((const float *) d0, i0, N, S, K, bpr, scr0, st));
+    };
+    CK(cudaMemset(d1, 0xff, (size_t) S*N*4));
+    run_unfused(); run_fused(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+    std::vector<int> x0((size_t) S*K), x1((size_t) S*K);
+    std::vector<float> o2((size_t) S*N);
+    CK(cudaMemcpy(x0.data(), i0, x0.size()*4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(x1.data(), i1, x1.size()*4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o2.data(), d1, o2.size()*4, cudaMemcpyDeviceToHost));
+    const bool same_idx = x0 == x1 && memcmp(o2.data(), o0.data(), o2.size()*4) == 0;
+    bad += same_idx ? 0 : 1;
+
+    auto time_it = [&](auto f) {
+        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        const int reps = 100;
+        for (int r = 0; r < 5; ++r) f();
+        CK(cudaEventRecord(e0, st));
+        for (int r = 0; r < reps; ++r) f();
+        CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        return 1000*ms/reps;
+    };
+    const float us_unfused = time_it(run_unfused), us_fused = time_it(run_fused);
+    CK(cudaFree(scr0)); CK(cudaFree(scr1)); CK(cudaFree(i0)); CK(cudaFree(i1));
+
+    float us[2];
+    for (int v = 0; v < 2; ++v) {
+        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        const int reps = 100;
+        for (int r = 0; r < 5; ++r) { if (v) run_new(); else run_o(); }
+        CK(cudaEventRecord(e0, st));
+        for (int r = 0; r < reps; ++r) { if (v) run_new(); else run_o(); }
+        CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); us[v] = 1000*ms/reps;
+    }
+    const double gb = (double) S*N*(D*sizeof(TK) + (mask_f16 ? 2 : 4) + 4)/1e9;   // keys + mask read, scores written
+    printf("%-4d %-3d %-2d %-7d %-4s %-4s %9.2f %9.2f %7.2fx %8.0f %9.2e %-13s | %9.2f %9.2f %7.2fx %s\n", D, H, S, N,
+           sizeof(TK) == 4 ? "f32" : "f16", mask_f16 ? "f16" : "f32", us[0], us[1], us[0]/us[1], gb/(us[1]*1e-6), err,
+           same ? "bit-equal" : "NOT BIT-EQUAL", us_unfused, us_fused, us_unfused/us_fused,
+           same_idx ? "same picks" : "PICKS DIFFER");
+    CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(d0)); CK(cudaFree(d1));
+    CK(cudaStreamDestroy(st));
+    return bad;
+}
+
+int main(int argc, char ** argv) {
+    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int bad = 0;
+    printf("%-4s %-3s %-2s %-7s %-4s %-4s %9s %9s %8s %8s %9s %-13s | %9s %9s %8s %s\n", "D", "H", "S", "n_kv", "K", "mask",
+           "old_us", "new_us", "speedup", "GB/s", "rel_err", "new vs old", "+topk_old", "fused", "speedup",
+           "fused top-k vs old kernel + radix top-k (top 2048)");
+    for (int N : quick ? std::vector<int>{32768, 131072} : std::vector<int>{4096, 32768, 131072}) {
+        for (int D : {64, 128, 32}) {
+            bad += check<float>(D, 4, N, 1, false);
+            bad += check<__half>(D, 4, N, 1, false);
+        }
+    }
+    bad += check<float>(64, 4, 1000, 1, false);     // partial last tile
+    bad += check<float>(128, 4, 777, 2, false);     // partial tile, 2 streams
+    bad += check<__half>(64, 8, 32768, 2, true);    // 8 heads, 2 streams, F16 mask
+    bad += check<float>(64, 16, 32768, 1, false);   // 16 heads
+    printf(bad ? "MISMATCHES: %d\n" : "ALL OK\n", bad);
+    return bad ? 1 : 0;
+}
