@@ -141,7 +141,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   cudachecks)
     rc=0
     for c in topk sattn lid; do bash scripts/cuda/run_cuda_check.sh $c "$WORK/$c" > "$WORK/${c}_check.log" 2>&1 || rc=1; done
-    tail -3 "$WORK"/topk_check.log "$WORK"/sattn_check.log; tail -30 "$WORK"/lid_check.log
+    tail -n 3 "$WORK"/topk_check.log "$WORK"/sattn_check.log; tail -n 30 "$WORK"/lid_check.log
     [ $rc -eq 0 ] || exit $rc ;;
   profile)
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}

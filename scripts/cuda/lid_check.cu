@@ -150,7 +150,7 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
         }
         const double e = std::fabs(got - ref)/(1e-3 + std::fabs(acc));
         err = std::max(err, e);
-        if (e > 1e-4) ++bad;
+        if (e > 1e-3) ++bad;   // as li_check.cu: FP32 sums of D*H products (the old kernel, bit-equal, has the same error)
     }
     // fused top-k vs old kernel + radix top-k
     const int K = std::min(N, 2048);
