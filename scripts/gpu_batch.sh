@@ -12,7 +12,7 @@
 # DSA_FILE / TOK / DSA_WIKITEXT2 pass through to h200_checks.sh.
 #
 # Steps:
-#   any h200_checks.sh step    (build, cudachecks, licheck, asqspeed, decodecheck, speed, profile, asq, ...)
+#   any h200_checks.sh step    (build, cudachecks, lidcheck, licheck, asqspeed, decodecheck, speed, profile, asq, ...)
 #   bg:STEP                    that step in the background (e.g. a standalone CUDA check during the build)
 #   waitbg                     wait for the bg: steps
 #   synthbg / synth8bg         write the synthetic 1B (ASQ prototypes) / 8B Q4_K_M file in the background
