@@ -186,21 +186,13 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
         for (int r = 0; r < reps; ++r) f();
         CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
         float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
         return 1000*ms/reps;
     };
     const float us_unfused = time_it(run_unfused), us_fused = time_it(run_fused);
     CK(cudaFree(scr0)); CK(cudaFree(scr1)); CK(cudaFree(i0)); CK(cudaFree(i1));
 
-    float us[2];
-    for (int v = 0; v < 2; ++v) {
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        const int reps = 100;
-        for (int r = 0; r < 5; ++r) { if (v) run_new(); else run_o(); }
-        CK(cudaEventRecord(e0, st));
-        for (int r = 0; r < reps; ++r) { if (v) run_new(); else run_o(); }
-        CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); us[v] = 1000*ms/reps;
-    }
+    const float us[2] = {time_it(run_o), time_it(run_new)};
     const double gb = (double) S*N*(D*sizeof(TK) + (mask_f16 ? 2 : 4) + 4)/1e9;   // keys + mask read, scores written
     printf("%-4d %-3d %-2d %-7d %-4s %-4s %9.2f %9.2f %7.2fx %8.0f %9.2e %-13s | %9.2f %9.2f %7.2fx %s\n", D, H, S, N,
            sizeof(TK) == 4 ? "f32" : "f16", mask_f16 ? "f16" : "f32", us[0], us[1], us[0]/us[1], gb/(us[1]*1e-6), err,
