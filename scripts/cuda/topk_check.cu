@@ -10,6 +10,9 @@
 // Then it times the new path against the old one (what ggml used for ncols > 1024 with CCCL < 3.2: CUB
 // DeviceRadixSort (1 row) / DeviceSegmentedSort (more rows, in 64 MiB chunks) + cudaMemcpy2DAsync of the
 // first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
+// Where the one-kernel select applies (topk_radix_persist: all of a call's blocks resident at once, e.g. decode rows),
+// it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
+// (columns 1kern_us, 1kern_graph).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
@@ -122,7 +125,7 @@ struct OldPath {
 
 static int nsm_global = 0;
 
-struct Result { bool ok; double new_us, old_us, graph_us; };
+struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; };
 
 static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
     std::vector<float> h;
@@ -160,7 +163,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         return bad_rows == 0;
     };
 
-    Result res{true, 0, 0, 0};
+    Result res{true, 0, 0, 0, 0, 0, false};
     CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
     CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s));
     CK(cudaStreamSynchronize(s));
@@ -177,6 +180,28 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
     CK(cudaStreamSynchronize(s));
     res.ok = check("graph") && res.ok;
 
+    // the one-kernel select (topk_radix_persist), where it applies: same checks, stream and graph
+    int ept = 0, pbpr = 0;
+    void * d_pscr = nullptr;
+    cudaGraph_t pg = nullptr; cudaGraphExec_t pge = nullptr;
+    res.persist = topk_radix_persist_applies(ncols, nrows, nsm_global, &ept, &pbpr);
+    if (res.persist) {
+        CK(cudaMalloc(&d_pscr, topk_radix_persist_scratch_bytes(nrows, pbpr)));
+        CK(cudaMemsetAsync(d_pscr, 0xff, topk_radix_persist_scratch_bytes(nrows, pbpr), s)); // garbage before the memset
+        CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
+        CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s));
+        CK(cudaStreamSynchronize(s));
+        res.ok = check("persist") && res.ok;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+        CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s));
+        CK(cudaStreamEndCapture(s, &pg));
+        CK(cudaGraphInstantiate(&pge, pg, 0));
+        CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
+        CK(cudaGraphLaunch(pge, s)); CK(cudaGraphLaunch(pge, s));
+        CK(cudaStreamSynchronize(s));
+        res.ok = check("persist graph") && res.ok;
+    }
+
     if (timing) {
         cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
         const int reps = nrows == 1 ? 200 : 10;
@@ -189,6 +214,16 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
         CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
         res.graph_us = 1000.0 * ms / reps;
+        if (res.persist) {
+            CK(cudaEventRecord(e0, s));
+            for (int i = 0; i < reps; ++i) CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s));
+            CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
+            res.persist_us = 1000.0 * ms / reps;
+            CK(cudaEventRecord(e0, s));
+            for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(pge, s));
+            CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
+            res.pgraph_us = 1000.0 * ms / reps;
+        }
         {
             OldPath old(ncols, nrows, k);
             old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
@@ -200,6 +235,8 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
     }
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+    if (pge) { CK(cudaGraphExecDestroy(pge)); CK(cudaGraphDestroy(pg)); }
+    if (d_pscr) CK(cudaFree(d_pscr));
     CK(cudaStreamDestroy(s));
     CK(cudaFree(d_src)); CK(cudaFree(d_dst)); CK(cudaFree(d_scr));
     return res;
@@ -217,22 +254,27 @@ int main(int argc, char ** argv) {
     struct E { int ncols, nrows, k; Kind kind; } edges[] = {
         {1025, 1, 1, GAUSS}, {1025, 3, 1025, GAUSS}, {5000, 7, 7, TIES}, {4096, 2, 2048, CONST},
         {70001, 5, 2048, TIES}, {131072, 1, 2048, CONST}, {33333, 9, 4000, DSA}, {2049, 1, 2048, DSA}, {2500, 600, 2048, DSA},
+        {131072, 1, 2048, TIES}, {131071, 1, 1, GAUSS}, {262144, 1, 2048, DSA}, {524288, 1, 2048, DSA}, {100000, 2, 99999, GAUSS},
+        {4097, 1, 4097, DSA}, {65536, 1, 2048, GAUSS},
     };
     for (const E & e : edges) {
         Result r = run_case(e.ncols, e.nrows, e.k, e.kind, false);
-        printf("edge  ncols=%6d nrows=%3d k=%5d %-5s : %s\n", e.ncols, e.nrows, e.k, kind_name(e.kind), r.ok ? "ok" : "FAIL");
+        printf("edge  ncols=%6d nrows=%3d k=%5d %-5s : %s%s\n", e.ncols, e.nrows, e.k, kind_name(e.kind), r.ok ? "ok" : "FAIL",
+               r.persist ? " (3-kernel and one-kernel)" : "");
         all_ok &= r.ok;
     }
 
-    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s\n", "kind", "ncols", "nrows", "k", "ok", "old_us", "new_us", "graph_us", "speedup");
+    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us", "new_us",
+           "graph_us", "speedup", "1kern_us", "1kern_graph");
     std::vector<int> cols = quick ? std::vector<int>{4096, 65536} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
     for (Kind kind : {DSA, GAUSS, TIES}) {
         for (int nrows : {1, 512}) {
             for (int ncols : cols) {
                 if (kind != DSA && (ncols == 16384 || ncols == 32768)) continue;
                 Result r = run_case(ncols, nrows, 2048, kind, true);
-                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx\n", kind_name(kind), ncols, nrows, 2048,
-                       r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us);
+                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f\n", kind_name(kind), ncols, nrows,
+                       2048, r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us, r.persist_us,
+                       r.pgraph_us);
                 fflush(stdout);
                 all_ok &= r.ok;
             }
