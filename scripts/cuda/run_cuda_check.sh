@@ -20,7 +20,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
-  topk)  HEADERS="top-k-radix.cuh" ;;
+  topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh" ;;
   sattn) HEADERS="dsa-sparse-attn-kernels.cuh" ;;
   lid)   HEADERS="dsa-lightning-indexer-decode.cuh top-k-radix.cuh" ;;
   *) echo "unknown check $CHECK (topk, sattn or lid)" >&2; exit 2 ;;

@@ -18,7 +18,7 @@
 //   ./topk_check --quick      (fewer shapes)
 // Exit status 0 iff every check passed.
 #include "check_common.cuh"
-#include "top-k-radix.cuh"
+#include "top-k-radix-persist.cuh" // includes top-k-radix.cuh
 
 #include <cub/cub.cuh>
 
