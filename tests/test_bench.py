@@ -125,7 +125,8 @@ def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
 @requires_backend
 def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
     """--variant LLAMA_DSA_FUSED_ATTN=0: per ctx one more sparse run with the switch set (the A/B in one run);
-    the plain runs do not see it, and the environment is restored afterwards."""
+    the plain runs do not see it. Each variant run has a process of its own (switches the CUDA backend reads once
+    per process take effect there), the plain runs share the sweep's."""
     monkeypatch.delenv("LLAMA_DSA_FUSED_ATTN", raising=False)
     r = run_dsa("bench", str(tiny), "--ctx", "64,128", "--gen", "2", "--threads", "1", "--n-gpu-layers", "0",
                 "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--json")
@@ -137,6 +138,9 @@ def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
     for x in rows:
         assert x["llama_env"].get("LLAMA_DSA_FUSED_ATTN") == ("0" if x["variant"] else None), x["llama_env"]
     assert rows[2]["decode_tok_s"] > 0 and "indexer_share_decode_est" in rows[2]
+    plain = {x["pid"] for x in rows if not x["variant"]}
+    own = [x["pid"] for x in rows if x["variant"]]
+    assert len(plain) == 1 and len(set(own)) == 2 and not plain & set(own), [x["pid"] for x in rows]
 
 
 @requires_backend

@@ -22,17 +22,23 @@ of cache apply + graph build/reuse, of writing the inputs (masks, positions) and
 (`host_us_per_decode_token`; on a GPU the launch is asynchronous, on the CPU it is the whole compute). The table's
 `host µs/tok` is graph + inputs: the host work a GPU waits for before each token.
 --variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
-environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`.
+environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`. Each
+variant run happens in a child process of its own (spawned, the switch set before llama.cpp is loaded): the CUDA
+backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_FUSED_TOPK, LLAMA_DSA_TOPK_PERSIST),
+so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
+process that ran it.
 """
 from __future__ import annotations
 
 import ctypes
 import gc
 import json
+import multiprocessing
 import os
 import re
 import time
-from contextlib import contextmanager, nullcontext
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,8 +117,21 @@ def _patch_switch(key: str, val: str):
             os.environ[key] = old
 
 
-def _variant_switch(variant: str | None):
-    return _patch_switch(*_VARIANT.match(variant).groups()) if variant else nullcontext()
+def _variant_child(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> dict:
+    """One variant's sparse run, in a fresh process: the switch is in the environment before llama.cpp loads."""
+    key, val = _VARIANT.match(variant).groups()
+    os.environ[key] = val
+    from ..backend.runtime import import_llama_cpp
+
+    return run_one(import_llama_cpp(), path, ctx_len, "sparse", o, fi, variant)
+
+
+def _run_variant(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> dict:
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as ex:
+        try:
+            return ex.submit(_variant_child, path, ctx_len, o, fi, variant).result()
+        except RuntimeError as e:   # BrokenProcessPool: the child died (a crash in the backend)
+            raise DsaError(f"the process of variant {variant} died: {e}") from None
 
 
 def validate(path: Path, o: BenchOptions) -> FileInfo:
@@ -255,7 +274,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
-        "variant": variant,
+        "variant": variant, "pid": os.getpid(),
         "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LLAMA_DSA_")},
         "file": str(path),
     }
@@ -309,8 +328,7 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
         for c, a, v in runs:
             label = f"ctx {c} {a}" + (f" [{v}]" if v else "")
             try:
-                with _variant_switch(v):
-                    rows.append(run_one(lc, Path(path), c, a, o, fi, v))
+                rows.append(_run_variant(Path(path), c, o, fi, v) if v else run_one(lc, Path(path), c, a, o, fi))
                 info = f"{label}: {rows[-1]['decode_tok_s']:.1f} tok/s decode"
             except (DsaError, RuntimeError, MemoryError) as e:
                 rows.append({"ctx": c, "attn": a, "variant": v,
