@@ -190,3 +190,25 @@ def test_bench_sparse_needs_indexer(tiny, tmp_path):
                    capture_output=True)
     assert_clean_failure(run_dsa("bench", str(plain), "--ctx", "64", "--attn", "sparse"), tmp_path / "p.png",
                          "no DSA indexer")
+
+
+def test_plot_bench_script_plots_saved_rows_and_rejects_bad_input(tmp_path):
+    """scripts/plot_bench.py: saved rows -> PNG (only the --match file's rows); bad input -> one line, exit 3."""
+    rows = [{"ctx": c, "attn": a, "decode_tok_s": v, "file": f}
+            for f in ("a-1b.gguf", "b-8b.gguf") for c, a, v in ((1024, "sparse", 50.0), (1024, "dense", 40.0),
+                                                               (4096, "sparse", 45.0), (4096, "dense", 20.0))]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = str(REPO / "scripts" / "plot_bench.py")
+    out = tmp_path / "p.png"
+    r = subprocess.run([sys.executable, script, str(src), "--match", "1b", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ctx": 1}\n')
+    for args in ([str(src), "--match", "none", "--out", str(tmp_path / "q.png")], [str(bad), "--out", str(tmp_path / "q.png")],
+                 [str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "q.png")]):
+        r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 3 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "q.png").exists()

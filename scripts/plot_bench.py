@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Plot saved `dsa bench` rows: decode tok/s vs context, one line per attention mode (the same PNG as `--plot`).
+
+    python scripts/plot_bench.py ROWS.jsonl [--match SUBSTRING] --out OUT.png [--title TITLE]
+
+ROWS.jsonl: rows as `dsa bench --jsonl` (or the h200 `speed` step) writes them, one JSON object per line. --match
+keeps the rows whose `file` contains SUBSTRING (a sweep file often holds several models). docs/RESULTS.md §4i's plots
+come from docs/data/speed-h200-2026-11-30.jsonl this way.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
+from dsa_convert.eval.bench import write_plot  # noqa: E402
+
+
+def load_rows(path: Path, match: str | None) -> list[dict]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise BadInputError(f"cannot read {path}: {e.strerror or e}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            raise BadInputError(f"{path}:{n}: not a JSON object") from None
+        if not isinstance(r, dict) or not {"ctx", "attn"} <= r.keys():
+            raise BadInputError(f"{path}:{n}: not a dsa bench row (no ctx / attn)")
+        if match is None or match in str(r.get("file", "")):
+            rows.append(r)
+    if not any("error" not in r and "decode_tok_s" in r for r in rows):
+        raise BadInputError(f"{path}: no finished rows" + (f" whose file contains {match!r}" if match else ""))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rows", type=Path)
+    ap.add_argument("--match", default=None, help="keep rows whose `file` contains this")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--title", default="dsa bench: decode speed")
+    a = ap.parse_args(argv)
+    try:
+        out = write_plot(load_rows(a.rows, a.match), a.out, a.title)
+    except DsaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
