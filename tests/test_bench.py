@@ -207,8 +207,10 @@ def test_plot_bench_script_plots_saved_rows_and_rejects_bad_input(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ctx": 1}\n')
-    for args in ([str(src), "--match", "none", "--out", str(tmp_path / "q.png")], [str(bad), "--out", str(tmp_path / "q.png")],
-                 [str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "q.png")]):
+    q = str(tmp_path / "q.png")
+    for args in ([str(src), "--match", "none", "--out", q], [str(bad), "--out", q],
+                 [str(tmp_path / "missing.jsonl"), "--out", q]):
         r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 3 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
-        assert not (tmp_path / "q.png").exists()
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 3 and r.stderr.startswith("error: ") and len(lines) == 1, r.stderr
+        assert not Path(q).exists()
