@@ -214,3 +214,51 @@ def test_plot_bench_script_plots_saved_rows_and_rejects_bad_input(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 3 and r.stderr.startswith("error: ") and len(lines) == 1, r.stderr
         assert not Path(q).exists()
+
+
+def _children(pid: int) -> list[int]:
+    """Direct child processes of pid (Linux /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+@requires_backend
+def test_bench_sigterm_during_a_variant_stops_its_process(tiny):
+    """SIGTERM while a variant runs in its own process: exit 143 with the one-line message, and the variant's
+    process does not outlive the sweep (a batch scheduler's stop must not leave a backend process running)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "dsa_convert.cli", "bench", str(tiny), "--ctx", "64", "--attn",
+                             "sparse", "--gen", "2500", "--threads", "1", "--n-gpu-layers", "0", "--force",
+                             "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        t0, kids = time.monotonic(), []
+        while not kids and time.monotonic() - t0 < 240 and proc.poll() is None:
+            time.sleep(0.05)
+            kids = [k for k in _children(proc.pid)
+                    if "multiprocessing" in (Path("/proc") / str(k) / "cmdline").read_bytes().decode(errors="replace")]
+        assert kids, f"no variant process appeared (exit {proc.poll()})"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        t_term = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        stopped_s = time.monotonic() - t_term
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "error: terminated" and "Traceback" not in err
+    assert stopped_s < 5, stopped_s   # not after the variant's run (~10 s of decodes here) has finished
+    time.sleep(0.2)
+    assert not [k for k in kids if (Path("/proc") / str(k)).exists()
+                and (Path("/proc") / str(k) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]

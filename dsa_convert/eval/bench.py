@@ -37,7 +37,6 @@ import multiprocessing
 import os
 import re
 import time
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,21 +116,43 @@ def _patch_switch(key: str, val: str):
             os.environ[key] = old
 
 
-def _variant_child(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> dict:
-    """One variant's sparse run, in a fresh process: the switch is in the environment before llama.cpp loads."""
+def _variant_child(send, path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> None:
+    """One variant's sparse run, in a fresh process: the switch is in the environment before llama.cpp loads.
+    Sends ("row", dict) or ("error", one line) to the parent."""
     key, val = _VARIANT.match(variant).groups()
     os.environ[key] = val
-    from ..backend.runtime import import_llama_cpp
+    try:
+        from ..backend.runtime import import_llama_cpp
 
-    return run_one(import_llama_cpp(), path, ctx_len, "sparse", o, fi, variant)
+        msg = ("row", run_one(import_llama_cpp(), path, ctx_len, "sparse", o, fi, variant))
+    except Exception as e:  # noqa: BLE001 - any failure becomes the row's error line in the parent
+        msg = ("error", str(e).splitlines()[0] if str(e) else repr(e))
+    send.send(msg)
+    send.close()
 
 
 def _run_variant(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> dict:
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as ex:
+    """_variant_child in a spawned process; the child is killed if this one is interrupted (Ctrl-C, SIGTERM)."""
+    mp = multiprocessing.get_context("spawn")
+    recv, send = mp.Pipe(duplex=False)
+    child = mp.Process(target=_variant_child, args=(send, path, ctx_len, o, fi, variant), daemon=True)
+    child.start()
+    send.close()
+    try:
         try:
-            return ex.submit(_variant_child, path, ctx_len, o, fi, variant).result()
-        except RuntimeError as e:   # BrokenProcessPool: the child died (a crash in the backend)
-            raise DsaError(f"the process of variant {variant} died: {e}") from None
+            kind, payload = recv.recv()
+        except EOFError:
+            child.join()
+            raise DsaError(f"the process of variant {variant} died (exit code {child.exitcode})") from None
+        child.join()
+    finally:
+        if child.is_alive():
+            child.terminate()
+            child.join()
+        recv.close()
+    if kind == "error":
+        raise DsaError(payload)
+    return payload
 
 
 def validate(path: Path, o: BenchOptions) -> FileInfo:
