@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -231,16 +232,19 @@ def _children(pid: int) -> list[int]:
 
 
 @requires_backend
-def test_bench_sigterm_during_a_variant_stops_its_process(tiny):
-    """SIGTERM while a variant runs in its own process: exit 143 with the one-line message, and the variant's
-    process does not outlive the sweep (a batch scheduler's stop must not leave a backend process running)."""
+@pytest.mark.parametrize("sig, code, msg", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+def test_bench_stop_during_a_variant_stops_its_process(tiny, sig, code, msg):
+    """SIGTERM to the sweep (a batch scheduler's stop), or Ctrl-C to its process group, while a variant runs in its
+    own process: the sweep's exit code and one-line message at once, no traceback from either process, and the
+    variant's process does not outlive the sweep."""
     import signal
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "dsa_convert.cli", "bench", str(tiny), "--ctx", "64", "--attn",
                              "sparse", "--gen", "2500", "--threads", "1", "--n-gpu-layers", "0", "--force",
                              "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)
     try:
         t0, kids = time.monotonic(), []
         while not kids and time.monotonic() - t0 < 240 and proc.poll() is None:
@@ -249,15 +253,18 @@ def test_bench_sigterm_during_a_variant_stops_its_process(tiny):
                     if "multiprocessing" in (Path("/proc") / str(k) / "cmdline").read_bytes().decode(errors="replace")]
         assert kids, f"no variant process appeared (exit {proc.poll()})"
         time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+        if sig == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)   # a terminal's Ctrl-C: every process of the group
         t_term = time.monotonic()
         _, err = proc.communicate(timeout=60)
         stopped_s = time.monotonic() - t_term
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == "error: terminated" and "Traceback" not in err
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == f"error: {msg}" and "Traceback" not in err, err
     assert stopped_s < 5, stopped_s   # not after the variant's run (~10 s of decodes here) has finished
     time.sleep(0.2)
     assert not [k for k in kids if (Path("/proc") / str(k)).exists()

@@ -36,6 +36,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -118,7 +119,9 @@ def _patch_switch(key: str, val: str):
 
 def _variant_child(send, path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> None:
     """One variant's sparse run, in a fresh process: the switch is in the environment before llama.cpp loads.
-    Sends ("row", dict) or ("error", one line) to the parent."""
+    Sends ("row", dict) or ("error", one line) to the parent, which also stops it (Ctrl-C reaches the whole process
+    group: this process ignores it instead of printing a traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     key, val = _VARIANT.match(variant).groups()
     os.environ[key] = val
     try:
