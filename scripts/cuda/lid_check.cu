@@ -178,17 +178,7 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     const bool same_idx = x0 == x1 && memcmp(o2.data(), o0.data(), o2.size()*4) == 0;
     bad += same_idx ? 0 : 1;
 
-    auto time_it = [&](auto f) {
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        const int reps = 100;
-        for (int r = 0; r < 5; ++r) f();
-        CK(cudaEventRecord(e0, st));
-        for (int r = 0; r < reps; ++r) f();
-        CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-        CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-        return 1000*ms/reps;
-    };
+    auto time_it = [&](auto f) { return (float) time_us(st, 5, 100, f); };
     const float us_unfused = time_it(run_unfused), us_fused = time_it(run_fused);
     CK(cudaFree(scr0)); CK(cudaFree(scr1)); CK(cudaFree(i0)); CK(cudaFree(i1));
 

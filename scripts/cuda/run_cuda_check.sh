@@ -15,7 +15,7 @@
 # or /usr/local/cuda/bin/nvcc; architecture $CUDA_ARCH (default sm_90).
 # Writes OUTDIR/CHECK_check (binary) and OUTDIR/CHECK_check.txt; exit status of the check (0: all cases pass).
 # Runtime on an H200: topk compiles in ~40 s and runs 1-2 min (--quick ~20 s); sattn ~10 s + a few seconds; lid
-# (not run yet at the time of writing) a few seconds.
+# ~10 s + a few seconds.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid [OUTDIR] [--quick] [--compile-only]}; shift

@@ -110,19 +110,6 @@ template <typename A> static double max_row_err(const float * d_out, const std::
     return worst;
 }
 
-// microseconds per call of launch(): 20 warm-up calls, then 200 timed back to back
-template <typename F> static double time_us(F launch) {
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    for (int r = 0; r < 20; ++r) CK(launch());
-    const int reps = 200;
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < reps; ++r) CK(launch());
-    CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-    return 1e3*ms/reps;
-}
-
 template <typename T>
 static bool run_case(const Case & c, bool timing) {
     const int D = c.D, nh = c.n_head, nhk = c.n_head_kv, n_tok = c.n_tps*c.n_strm;
@@ -178,7 +165,7 @@ static bool run_case(const Case & c, bool timing) {
            c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split,
            worst, ok ? "OK" : "FAIL");
     if (timing) {
-        const double us = time_us(launch);
+        const double us = time_us(0, 20, 200, [&] { CK(launch()); });
         const double bytes = (double) n_tok*nhk*c.n_top*2.0*D*sizeof(T);
         printf("  | %.2f us/call (K/V picks %.2f MB, %.0f GB/s)", us, bytes/1e6, bytes/(1e-6*us)/1e9);
     }
@@ -292,7 +279,7 @@ static bool run_asq_case(const AsqCase & c, bool timing) {
            c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.bits, c.C, c.rope == 0 ? "none" : c.rope == 1 ? "norm" : "neox",
            c.n_dims, n_split, worst, ok ? "OK" : "FAIL");
     if (timing) {
-        printf("  | %.2f us/call", time_us(launch));
+        printf("  | %.2f us/call", time_us(0, 20, 200, [&] { CK(launch()); }));
     }
     printf("\n");
     for (void * ptr : {(void *) dq, (void *) dpk, (void *) dpv, (void *) dff, (void *) dk, (void *) dv, (void *) dm,

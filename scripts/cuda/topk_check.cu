@@ -163,76 +163,52 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         return bad_rows == 0;
     };
 
-    Result res{true, 0, 0, 0, 0, 0, false};
-    CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
-    CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s));
-    CK(cudaStreamSynchronize(s));
-    res.ok = check("stream");
+    // launch() on the stream, check; the same launch captured into a CUDA graph (as ggml's CUDA graphs do), replayed
+    // twice, check; *ge: the instantiated graph (for the timing)
+    auto check_stream_and_graph = [&](const char * what, const char * what_graph, auto launch, cudaGraph_t * g,
+                                      cudaGraphExec_t * ge) -> bool {
+        CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
+        launch();
+        CK(cudaStreamSynchronize(s));
+        bool ok = check(what);
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+        launch();
+        CK(cudaStreamEndCapture(s, g));
+        CK(cudaGraphInstantiate(ge, *g, 0));
+        CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
+        CK(cudaGraphLaunch(*ge, s)); CK(cudaGraphLaunch(*ge, s));
+        CK(cudaStreamSynchronize(s));
+        return check(what_graph) && ok;
+    };
 
-    // the same launch captured into a CUDA graph (as ggml's CUDA graphs do), replayed twice
+    Result res{true, 0, 0, 0, 0, 0, false};
+    auto run_new = [&] { CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s)); };
     cudaGraph_t g; cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-    CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s));
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
-    CK(cudaGraphLaunch(ge, s)); CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    res.ok = check("graph") && res.ok;
+    res.ok = check_stream_and_graph("stream", "graph", run_new, &g, &ge);
 
     // the one-kernel select (topk_radix_persist), where it applies: same checks, stream and graph
     int ept = 0, pbpr = 0;
     void * d_pscr = nullptr;
     cudaGraph_t pg = nullptr; cudaGraphExec_t pge = nullptr;
+    auto run_persist = [&] { CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s)); };
     res.persist = topk_radix_persist_applies(ncols, nrows, nsm_global, &ept, &pbpr);
     if (res.persist) {
         CK(cudaMalloc(&d_pscr, topk_radix_persist_scratch_bytes(nrows, pbpr)));
         CK(cudaMemsetAsync(d_pscr, 0xff, topk_radix_persist_scratch_bytes(nrows, pbpr), s)); // garbage before the memset
-        CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
-        CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s));
-        CK(cudaStreamSynchronize(s));
-        res.ok = check("persist") && res.ok;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-        CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s));
-        CK(cudaStreamEndCapture(s, &pg));
-        CK(cudaGraphInstantiate(&pge, pg, 0));
-        CK(cudaMemsetAsync(d_dst, 0xff, (size_t) nrows * k * 4, s));
-        CK(cudaGraphLaunch(pge, s)); CK(cudaGraphLaunch(pge, s));
-        CK(cudaStreamSynchronize(s));
-        res.ok = check("persist graph") && res.ok;
+        res.ok = check_stream_and_graph("persist", "persist graph", run_persist, &pg, &pge) && res.ok;
     }
 
-    if (timing) {
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    if (timing) {   // no warm-up: every path has run above
         const int reps = nrows == 1 ? 200 : 10;
-        float ms;
-        CK(cudaEventRecord(e0, s));
-        for (int i = 0; i < reps; ++i) CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s));
-        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
-        res.new_us = 1000.0 * ms / reps;
-        CK(cudaEventRecord(e0, s));
-        for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
-        res.graph_us = 1000.0 * ms / reps;
+        res.new_us   = time_us(s, 0, reps, run_new);
+        res.graph_us = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(ge, s)); });
         if (res.persist) {
-            CK(cudaEventRecord(e0, s));
-            for (int i = 0; i < reps; ++i) CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s));
-            CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
-            res.persist_us = 1000.0 * ms / reps;
-            CK(cudaEventRecord(e0, s));
-            for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(pge, s));
-            CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
-            res.pgraph_us = 1000.0 * ms / reps;
+            res.persist_us = time_us(s, 0, reps, run_persist);
+            res.pgraph_us  = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(pge, s)); });
         }
-        {
-            OldPath old(ncols, nrows, k);
-            old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
-            CK(cudaEventRecord(e0, s));
-            for (int i = 0; i < reps; ++i) old.run(d_src, d_dst, s);
-            CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
-            res.old_us = 1000.0 * ms / reps;
-        }
-        CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+        OldPath old(ncols, nrows, k);
+        old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
+        res.old_us = time_us(s, 0, reps, [&] { old.run(d_src, d_dst, s); });
     }
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     if (pge) { CK(cudaGraphExecDestroy(pge)); CK(cudaGraphDestroy(pg)); }
