@@ -19,7 +19,9 @@
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
 #             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
 #   decodecheck  scripts/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
-#             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7)
+#             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7);
+#             $DC_PREFILL prefill tokens (default 600; > 1024 so that the decodes' rows take the radix top-k and the
+#             indexer + top-k kernel)
 #   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
@@ -172,7 +174,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   decodecheck)
     rc=0
     for kv in asq f16; do
-      python3 scripts/check_decode.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" --kv $kv --prefill 600 --decode 48 \
+      python3 scripts/check_decode.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" --kv $kv --prefill ${DC_PREFILL:-600} --decode 48 \
         --n-gpu-layers 99 > "$WORK/decodecheck-$kv.txt" || rc=1
       cat "$WORK/decodecheck-$kv.txt"
     done
