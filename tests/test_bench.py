@@ -250,7 +250,7 @@ def test_bench_stop_during_a_variant_stops_its_process(tiny, sig, code, msg):
         while not kids and time.monotonic() - t0 < 240 and proc.poll() is None:
             time.sleep(0.05)
             kids = [k for k in _children(proc.pid)
-                    if "multiprocessing" in (Path("/proc") / str(k) / "cmdline").read_bytes().decode(errors="replace")]
+                    if "variant_proc" in (Path("/proc") / str(k) / "cmdline").read_bytes().decode(errors="replace")]
         assert kids, f"no variant process appeared (exit {proc.poll()})"
         time.sleep(0.5)
         if sig == "SIGTERM":

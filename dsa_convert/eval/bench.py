@@ -23,7 +23,7 @@ of cache apply + graph build/reuse, of writing the inputs (masks, positions) and
 `host µs/tok` is graph + inputs: the host work a GPU waits for before each token.
 --variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
 environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`. Each
-variant run happens in a child process of its own (spawned, the switch set before llama.cpp is loaded): the CUDA
+variant run happens in a Python process of its own (eval/variant_proc.py, the switch set before llama.cpp loads): the CUDA
 backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_FUSED_TOPK, LLAMA_DSA_TOPK_PERSIST),
 so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
 process that ran it.
@@ -33,10 +33,13 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
-import multiprocessing
 import os
+import pickle
 import re
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,42 +120,33 @@ def _patch_switch(key: str, val: str):
             os.environ[key] = old
 
 
-def _variant_child(send, path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> None:
-    """One variant's sparse run, in a fresh process: the switch is in the environment before llama.cpp loads.
-    Sends ("row", dict) or ("error", one line) to the parent, which also stops it (Ctrl-C reaches the whole process
-    group: this process ignores it instead of printing a traceback)."""
+def _ignore_sigint() -> None:
+    """In the variant's process from its start (Python then installs no KeyboardInterrupt handler): a terminal's
+    Ctrl-C reaches the whole process group, and the sweep stops the variant itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    key, val = _VARIANT.match(variant).groups()
-    os.environ[key] = val
-    try:
-        from ..backend.runtime import import_llama_cpp
-
-        msg = ("row", run_one(import_llama_cpp(), path, ctx_len, "sparse", o, fi, variant))
-    except Exception as e:  # noqa: BLE001 - any failure becomes the row's error line in the parent
-        msg = ("error", str(e).splitlines()[0] if str(e) else repr(e))
-    send.send(msg)
-    send.close()
 
 
 def _run_variant(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> dict:
-    """_variant_child in a spawned process; the child is killed if this one is interrupted (Ctrl-C, SIGTERM)."""
-    mp = multiprocessing.get_context("spawn")
-    recv, send = mp.Pipe(duplex=False)
-    child = mp.Process(target=_variant_child, args=(send, path, ctx_len, o, fi, variant), daemon=True)
-    child.start()
-    send.close()
-    try:
+    """One variant's sparse run in a new Python process (eval/variant_proc.py), the switch in its environment from
+    the start; the child is stopped if this one is interrupted (Ctrl-C, SIGTERM). Not multiprocessing's spawn: its
+    child imports the parent's modules (numpy) before llama.cpp, which segfaults on the H200 image
+    (backend.runtime.preload_llama_cpp)."""
+    key, val = _VARIANT.match(variant).groups()
+    root = str(Path(__file__).resolve().parents[2])        # the directory holding the dsa_convert package
+    env = {**os.environ, key: val, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="dsa-variant-") as td:
+        result = Path(td) / "result.pkl"
+        child = subprocess.Popen([sys.executable, "-m", "dsa_convert.eval.variant_proc", str(result)],
+                                 stdin=subprocess.PIPE, env=env, preexec_fn=_ignore_sigint)
         try:
-            kind, payload = recv.recv()
-        except EOFError:
-            child.join()
-            raise DsaError(f"the process of variant {variant} died (exit code {child.exitcode})") from None
-        child.join()
-    finally:
-        if child.is_alive():
-            child.terminate()
-            child.join()
-        recv.close()
+            child.communicate(pickle.dumps((path, ctx_len, o, fi, variant)))
+        finally:
+            if child.poll() is None:
+                child.terminate()
+                child.wait()
+        if not result.is_file():
+            raise DsaError(f"the process of variant {variant} died (exit code {child.returncode})")
+        kind, payload = pickle.loads(result.read_bytes())
     if kind == "error":
         raise DsaError(payload)
     return payload
