@@ -24,7 +24,7 @@ of cache apply + graph build/reuse, of writing the inputs (masks, positions) and
 --variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
 environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`. Each
 variant run happens in a Python process of its own (eval/variant_proc.py, the switch set before llama.cpp loads): the CUDA
-backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_FUSED_TOPK, LLAMA_DSA_TOPK_PERSIST),
+backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_TOPK_PERSIST),
 so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
 process that ran it.
 """

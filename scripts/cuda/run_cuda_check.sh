@@ -5,8 +5,7 @@
 #   sattn  scripts/cuda/sattn_check.cu: the sparse-attention decode kernel (ggml/src/ggml-cuda/
 #          dsa-sparse-attn-kernels.cuh) vs a double-precision CPU reference, and its time on the 1B / 8B shapes
 #   lid    scripts/cuda/lid_check.cu: the decode lightning indexer (ggml/src/ggml-cuda/dsa-lightning-indexer-decode.cuh)
-#          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed; the indexer +
-#          top-k in one kernel (dsa-lid-topk-persist.cuh) vs the two kernels and a CPU top-k, both timed
+#          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
@@ -23,7 +22,7 @@ CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid [OUTDIR] [--quick] [--compile
 case $CHECK in
   topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh" ;;
   sattn) HEADERS="dsa-sparse-attn-kernels.cuh" ;;
-  lid)   HEADERS="dsa-lightning-indexer-decode.cuh top-k-radix.cuh top-k-radix-persist.cuh dsa-lid-topk-persist.cuh" ;;
+  lid)   HEADERS="dsa-lightning-indexer-decode.cuh" ;;
   *) echo "unknown check $CHECK (topk, sattn or lid)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
