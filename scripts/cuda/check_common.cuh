@@ -1,6 +1,9 @@
 #pragma once
 // Shared by the standalone CUDA checks in scripts/cuda/ (each still compiles alone with one nvcc line: this
-// header sits next to them): a CUDA error check that exits with status 2, a small deterministic RNG, and a timer.
+// header sits next to them): a CUDA error check that exits with status 2, a small deterministic RNG, and two timers:
+// time_us (back-to-back calls: the inputs stay in L2 from one call to the next) and time_us_cold (L2 flushed before
+// each call, as in a model where every layer reads its own cache: a 128K-cell layer's F32 index keys are 33.5 MB,
+// the H200's L2 50 MB, the 16 layers' 536 MB).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -28,4 +31,48 @@ template <typename F> static double time_us(cudaStream_t s, int warmup, int reps
     float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
     CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
     return 1e3 * ms / reps;
+}
+
+// reads n 16-byte words (the L2 flush: every line of the buffer is loaded, nothing is written unless the impossible
+// happens)
+static __global__ void check_l2_flush_kernel(const int4 * p, size_t n, int * sink) {
+    int acc = 0;
+    for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t) gridDim.x * blockDim.x) {
+        const int4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x7fffffff) {
+        *sink = acc;
+    }
+}
+
+// microseconds per call of launch() with a cold L2: before each of `reps` calls, a read of a buffer of 4x the L2
+// size evicts the inputs; each call is timed alone between two events (so a call's launch gap is included, about
+// 1-2 us more than back to back). `warmup` untimed calls first.
+template <typename F> static double time_us_cold(cudaStream_t s, int warmup, int reps, F launch) {
+    static int4 * buf = nullptr;
+    static size_t n = 0;
+    static int * sink = nullptr;
+    if (buf == nullptr) {
+        int dev = 0, l2 = 0;
+        CK(cudaGetDevice(&dev));
+        CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+        n = 4 * (size_t) (l2 > 0 ? l2 : 64 << 20) / sizeof(int4);
+        CK(cudaMalloc(&buf, n * sizeof(int4)));
+        CK(cudaMemset(buf, 1, n * sizeof(int4)));
+        CK(cudaMalloc(&sink, sizeof(int)));
+    }
+    for (int r = 0; r < warmup; ++r) launch();
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    double total_ms = 0.0;
+    for (int r = 0; r < reps; ++r) {
+        check_l2_flush_kernel<<<1024, 256, 0, s>>>(buf, n, sink);
+        CK(cudaEventRecord(e0, s));
+        launch();
+        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        total_ms += ms;
+    }
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    return 1e3 * total_ms / reps;
 }

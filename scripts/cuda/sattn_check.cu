@@ -166,8 +166,10 @@ static bool run_case(const Case & c, bool timing) {
            worst, ok ? "OK" : "FAIL");
     if (timing) {
         const double us = time_us(0, 20, 200, [&] { CK(launch()); });
+        const double us_cold = time_us_cold(0, 2, 50, [&] { CK(launch()); });
         const double bytes = (double) n_tok*nhk*c.n_top*2.0*D*sizeof(T);
-        printf("  | %.2f us/call (K/V picks %.2f MB, %.0f GB/s)", us, bytes/1e6, bytes/(1e-6*us)/1e9);
+        printf("  | %.2f us/call (K/V picks %.2f MB, %.0f GB/s); L2 cold %.2f us", us, bytes/1e6, bytes/(1e-6*us)/1e9,
+               us_cold);
     }
     printf("\n");
     for (void * ptr : {(void *) dq, (void *) dk, (void *) dv, dm, (void *) di, (void *) dd, scratch}) cudaFree(ptr);
@@ -279,7 +281,8 @@ static bool run_asq_case(const AsqCase & c, bool timing) {
            c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.bits, c.C, c.rope == 0 ? "none" : c.rope == 1 ? "norm" : "neox",
            c.n_dims, n_split, worst, ok ? "OK" : "FAIL");
     if (timing) {
-        printf("  | %.2f us/call", time_us(0, 20, 200, [&] { CK(launch()); }));
+        printf("  | %.2f us/call; L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(launch()); }),
+               time_us_cold(0, 2, 50, [&] { CK(launch()); }));
     }
     printf("\n");
     for (void * ptr : {(void *) dq, (void *) dpk, (void *) dpv, (void *) dff, (void *) dk, (void *) dv, (void *) dm,
