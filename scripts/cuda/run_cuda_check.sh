@@ -5,7 +5,8 @@
 #   sattn  scripts/cuda/sattn_check.cu: the sparse-attention decode kernel (ggml/src/ggml-cuda/
 #          dsa-sparse-attn-kernels.cuh) vs a double-precision CPU reference, and its time on the 1B / 8B shapes
 #   lid    scripts/cuda/lid_check.cu: the decode lightning indexer (ggml/src/ggml-cuda/dsa-lightning-indexer-decode.cuh)
-#          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed
+#          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed back to back and
+#          with a cold L2 (sattn likewise)
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
