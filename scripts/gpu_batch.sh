@@ -2,7 +2,7 @@
 # Chain scripts/h200_checks.sh steps (and a few helpers) in one call on a GPU machine that is lent for a limited
 # time, keeping what finished: how the GPU rows of docs/RESULTS.md since section 4f were run.
 #
-#   STEPS="synthbg bg:licheck build wait decodecheck asqspeed waitbg speed1b=16384,65536" LIMIT=585 \
+#   STEPS="bg:cudachecks build synthbg wait decodecheck asqspeed waitbg speed1b=16384,65536" LIMIT=585 \
 #   SDIST=llama-trim.tar.gz SHARED=/path/to/shared OUT=/path/to/results bash scripts/gpu_batch.sh
 #
 # Environment: STEPS (space-separated, run in order), LIMIT (seconds for the whole batch; each step gets what is
@@ -15,7 +15,8 @@
 #   any h200_checks.sh step    (build, cudachecks, lidcheck, licheck, asqspeed, decodecheck, speed, profile, asq, ...)
 #   bg:STEP                    that step in the background (e.g. a standalone CUDA check during the build)
 #   waitbg                     wait for the bg: steps
-#   synthbg / synth8bg         write the synthetic 1B (ASQ prototypes) / 8B Q4_K_M file in the background
+#   synthbg / synth8bg         write the synthetic 1B (ASQ prototypes) / 8B Q4_K_M file in the background; Q4_K_M
+#                              needs the backend's llama-quantize, so on a fresh machine put it after `build`
 #   wait                       wait for synthbg / synth8bg
 #   exp:VAR=VALUE              export a variable for the following steps (e.g. exp:PROF_CTX=131072)
 #   speed1b=C1,C2 / speed8b=C  the speed step on the 1B / 8B file at those contexts
