@@ -269,3 +269,15 @@ def test_bench_stop_during_a_variant_stops_its_process(tiny, sig, code, msg):
     time.sleep(0.2)
     assert not [k for k in kids if (Path("/proc") / str(k)).exists()
                 and (Path("/proc") / str(k) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+
+
+def test_variant_process_module_imports_no_numpy():
+    """A variant's process loads llama.cpp before anything imports numpy (on the H200 image the other order segfaults
+    inside llama_model_load, RESULTS §4j): its module imports nothing heavy, and the job (which imports eval.bench
+    and numpy when unpickled) is read after the preload."""
+    code = ("import sys, dsa_convert.eval.variant_proc as v, inspect; "
+            "src = inspect.getsource(v.main); "
+            "print('numpy' in sys.modules, src.index('preload_llama_cpp()') < src.index('pickle.load'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True"], r.stdout
