@@ -35,6 +35,8 @@
 #             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
 #             (lid) the earlier decode kernel, with timings                                          (issue 6)
 #   lidcheck  the lid check alone                                                                      (issue 6)
+#   lipcheck  scripts/cuda/lip_check.cu: a tensor-core prefill indexer (prototype, not in the patch) vs the patch's
+#             FP32 prefill kernel: error and top-2048 overlap against a CPU reference, timing hot and cold  (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE)       (issue 6)
@@ -136,6 +138,9 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   licheck)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o "$WORK/li_check" \
       && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
+  lipcheck)   # prototype tensor-core prefill indexer (not in the patch yet)
+    nvcc -O3 -std=c++17 -arch=sm_90 scripts/cuda/lip_check.cu -o "$WORK/lip_check" \
+      && "$WORK/lip_check" | tee "$WORK/lip_check.txt" ;;
   lidcheck)   # the decode lightning indexer alone (also part of cudachecks)
     bash scripts/cuda/run_cuda_check.sh lid "$WORK/lid" > "$WORK/lid_check.log" 2>&1; rc=$?
     tail -30 "$WORK"/lid_check.log
