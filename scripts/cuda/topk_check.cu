@@ -170,6 +170,21 @@ static __global__ void __launch_bounds__(TOPK_RADIX_BLOCK) proto_hist_batched(
     topk_radix_pick_bin<NT>(st, row_hist, k, warp_sums);
 }
 
+// f(column, masked key) for the columns c0 .. c1-1 of a row, in order, PROTO_U loads in flight
+template <typename F>
+static __device__ __forceinline__ void proto_for_each_key(const float * row_src, const int c0, const int c1,
+                                                          const uint32_t mask, F && f) {
+    for (int c = c0; c < c1; c += PROTO_U) {
+        float v[PROTO_U];
+#pragma unroll
+        for (int u = 0; u < PROTO_U; ++u) v[u] = c + u < c1 ? row_src[c + u] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < PROTO_U; ++u) {
+            if (c + u < c1) f(c + u, topk_radix_key(v[u]) & mask);
+        }
+    }
+}
+
 static __global__ void __launch_bounds__(TOPK_RADIX_BLOCK) proto_gather_runs(
         const float * src, const topk_radix_row_state * states, const int2 * counts, int * dst, const int ncols,
         const int chunk, const int bpr, const int k) {
@@ -205,19 +220,10 @@ static __global__ void __launch_bounds__(TOPK_RADIX_BLOCK) proto_gather_runs(
     const int per = (end - begin + NT - 1) / NT;
     const int c0 = min(begin + tid * per, end), c1 = min(c0 + per, end);
     int2 mine = make_int2(0, 0); // keys above / equal to the threshold in [c0, c1)
-    for (int c = c0; c < c1; c += PROTO_U) {
-        float v[PROTO_U];
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) v[u] = c + u < c1 ? row_src[c + u] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) {
-            if (c + u < c1) {
-                const uint32_t key = topk_radix_key(v[u]) & mask;
-                mine.x += key > prefix;
-                mine.y += key == prefix;
-            }
-        }
-    }
+    proto_for_each_key(row_src, c0, c1, mask, [&](int, uint32_t key) {
+        mine.x += key > prefix;
+        mine.y += key == prefix;
+    });
     // exclusive scan of mine over the block, in thread order (= column order of the runs)
     int2 incl = mine;
     for (int off = 1; off < 32; off *= 2) {
@@ -232,23 +238,14 @@ static __global__ void __launch_bounds__(TOPK_RADIX_BLOCK) proto_gather_runs(
     int eq_seen = before.y + excl.y;                      // equal keys before c0 in the row
     int out     = before.x + excl.x + min(eq_seen, rank); // picks before c0
     if (mine.x == 0 && (mine.y == 0 || eq_seen >= rank)) return;
-    for (int c = c0; c < c1; c += PROTO_U) {
-        float v[PROTO_U];
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) v[u] = c + u < c1 ? row_src[c + u] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) {
-            if (c + u < c1) {
-                const uint32_t key = topk_radix_key(v[u]) & mask;
-                if (key > prefix) {
-                    row_dst[out++] = c + u;
-                } else if (key == prefix) {
-                    if (eq_seen < rank) row_dst[out++] = c + u;
-                    ++eq_seen;
-                }
-            }
+    proto_for_each_key(row_src, c0, c1, mask, [&](int col, uint32_t key) { // the run's picks, in column order
+        if (key > prefix) {
+            row_dst[out++] = col;
+        } else if (key == prefix) {
+            if (eq_seen < rank) row_dst[out++] = col;
+            ++eq_seen;
         }
-    }
+    });
 }
 
 static cudaError_t proto_launch(const float * src, int * dst, const int ncols, const int nrows, const int k,
