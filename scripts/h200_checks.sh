@@ -138,11 +138,12 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   licheck)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o "$WORK/li_check" \
       && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
-  lipcheck)   # prototype tensor-core prefill indexer (not in the patch yet)
-    nvcc -O3 -std=c++17 -arch=sm_90 scripts/cuda/lip_check.cu -o "$WORK/lip_check" \
-      && "$WORK/lip_check" | tee "$WORK/lip_check.txt" ;;
+  lipcheck)   # prototype tensor-core prefill indexer (not in the patch yet) vs the patch's FP32 prefill kernel
+    rc=0; bash scripts/cuda/run_cuda_check.sh lip "$WORK/lip" > "$WORK/lip_check.log" 2>&1 || rc=$?
+    tail -20 "$WORK/lip_check.log"
+    [ $rc -eq 0 ] || exit $rc ;;
   lidcheck)   # the decode lightning indexer alone (also part of cudachecks)
-    bash scripts/cuda/run_cuda_check.sh lid "$WORK/lid" > "$WORK/lid_check.log" 2>&1; rc=$?
+    rc=0; bash scripts/cuda/run_cuda_check.sh lid "$WORK/lid" > "$WORK/lid_check.log" 2>&1 || rc=$?
     tail -30 "$WORK"/lid_check.log
     [ $rc -eq 0 ] || exit $rc ;;
   cudachecks)

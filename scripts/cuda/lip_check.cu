@@ -11,12 +11,14 @@
 //
 // The check: a double-precision CPU reference on sampled (token, cell) pairs (relative error against the row's score
 // scale), and for sampled rows the overlap of the top-k (k 2048) with the reference's top-k (F16 inputs move scores by
-// ~1e-3 relative, so picks near the threshold may change); the patch's FP32 kernel (a copy below) is run on the same
-// inputs for the same two measures and for timing (back to back and with a cold L2).
+// ~1e-3 relative, so picks near the threshold may change); the patch's FP32 kernel is run on the same
+// inputs for the same two measures and for timing (back to back and with a cold L2). The patch's kernel comes from its
+// header (ggml/src/ggml-cuda/dsa-lightning-indexer-prefill.cuh; scripts/cuda/run_cuda_check.sh lip extracts it).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 lip_check.cu -o lip_check && ./lip_check
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with the two dsa-lightning-indexer-*.cuh> lip_check.cu -o lip_check
 // Exit status 0 iff every case is within the bounds printed with it.
 #include "check_common.cuh"
+#include "dsa-lightning-indexer-prefill.cuh" // the patch's FP32 prefill kernel
 
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -180,76 +182,21 @@ static void lip_launch(const lip_params & p, int nsm, cudaStream_t st) {
     lip_wmma<D, TK><<<grid, LIP_WARPS*32, smem, st>>>(p, kiter);
 }
 
-// ------------------------------------------------------------------ the patch's FP32 prefill kernel (copy, no PDL)
-#define LI_THREADS 128
-#define LI_TOK     4
-template <typename T> __device__ __forceinline__ float li_f32(T x);
-template <> __device__ __forceinline__ float li_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ float li_f32<half>(half x) { return __half2float(x); }
-
-template <int D, int TPB, typename TK>
-__global__ void __launch_bounds__(LI_THREADS) li_fp32(const lip_params p) {
-    extern __shared__ float4 li_smem[];
-    float4 * q_sh = li_smem;                               // [TPB][H][D/4]
-    float  * w_sh = (float *) (li_smem + TPB*p.H*(D/4));   // [TPB][H]
-    const int tid = threadIdx.x;
-    const int t0  = blockIdx.y*TPB;
-    const int n_t = min(TPB, p.T - t0);
-    const int i_kv = blockIdx.x*LI_THREADS + tid;
-    for (int i = tid; i < n_t*p.H*(D/4); i += LI_THREADS) {
-        const int t = i/(p.H*(D/4));
-        const int h = (i/(D/4)) % p.H;
-        const int e = i % (D/4);
-        q_sh[i] = *(const float4 *) (p.q + ((size_t) (t0 + t)*p.H + h)*D + 4*e);
-    }
-    for (int i = tid; i < n_t*p.H; i += LI_THREADS) {
-        w_sh[i] = p.w[(size_t) (t0 + i/p.H)*p.H + i % p.H]*p.w_scale;
-    }
-    float k[D];
-    {
-        const TK * kr = (const TK *) p.k + (size_t) (i_kv < p.n_kv ? i_kv : 0)*D;
-#pragma unroll
-        for (int e = 0; e < D; ++e) k[e] = li_f32<TK>(kr[e]);
-    }
-    __syncthreads();
-    if (i_kv >= p.n_kv) return;
-    constexpr int U = TPB < LI_TOK ? TPB : LI_TOK;
-    for (int t = 0; t < n_t; t += U) {
-        float acc[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) acc[u] = 0.0f;
-        for (int h = 0; h < p.H; ++h) {
-            float dot[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) dot[u] = 0.0f;
-#pragma unroll
-            for (int e4 = 0; e4 < D/4; ++e4) {
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const float4 q4 = q_sh[((t + u)*p.H + h)*(D/4) + e4];
-                    dot[u] += q4.x*k[4*e4 + 0]; dot[u] += q4.y*k[4*e4 + 1];
-                    dot[u] += q4.z*k[4*e4 + 2]; dot[u] += q4.w*k[4*e4 + 3];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) acc[u] += fmaxf(dot[u], 0.0f)*w_sh[(t + u)*p.H + h];
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (t + u < n_t) {
-                const size_t at = (size_t) (t0 + t + u)*p.n_kv + i_kv;
-                p.dst[at] = acc[u] + p.m[at];
-            }
-        }
-    }
-}
-
+// ------------------------------------------------------------------ the patch's FP32 prefill kernel (its header)
 template <int D, typename TK>
 static void li_launch(const lip_params & p, cudaStream_t st) {
-    constexpr int TPB = 32;
-    const size_t smem = (size_t) TPB*p.H*(D + 1)*sizeof(float);
-    const dim3 grid((p.n_kv + LI_THREADS - 1)/LI_THREADS, (p.T + TPB - 1)/TPB);
-    li_fp32<D, TPB, TK><<<grid, LI_THREADS, smem, st>>>(p);
+    constexpr int TPB = 32;   // as the patch's launch for ubatches of more than 16 tokens (when q + w fit)
+    const size_t smem = dsa_lightning_indexer_smem(TPB, p.H, D);
+    const dim3 grid((p.n_kv + DSA_LI_THREADS - 1)/DSA_LI_THREADS, (p.T + TPB - 1)/TPB, 1);
+    const size_t nbq2 = (size_t) p.H*D*sizeof(float), nbk2 = (size_t) D*sizeof(TK), row = (size_t) p.n_kv*sizeof(float);
+    dsa_lightning_indexer_kernel<D, TPB, TK, float><<<grid, DSA_LI_THREADS, smem, st>>>(
+        (const char *) p.q, (const char *) p.k, (const char *) p.w, (const char *) p.m, (char *) p.dst,
+        p.H, (int64_t) p.T, (int64_t) p.n_kv,
+        /*nb1*/ row, /*nb3*/ row*p.T,
+        /*nbq1*/ (size_t) D*sizeof(float), nbq2, /*nbq3*/ nbq2*p.T,
+        nbk2, /*nbk3*/ nbk2*p.n_kv,
+        /*nbw1*/ (size_t) p.H*sizeof(float), /*nbw3*/ (size_t) p.H*p.T*sizeof(float),
+        /*nbm1*/ row, /*nbm3*/ row*p.T, /*nem3*/ 1, p.w_scale);
 }
 
 // ------------------------------------------------------------------ the check

@@ -7,6 +7,8 @@
 #   lid    scripts/cuda/lid_check.cu: the decode lightning indexer (ggml/src/ggml-cuda/dsa-lightning-indexer-decode.cuh)
 #          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed back to back and
 #          with a cold L2 (sattn likewise)
+#   lip    scripts/cuda/lip_check.cu: a tensor-core prefill indexer (prototype, not in the patch) against the patch's
+#          FP32 prefill kernel (ggml/src/ggml-cuda/dsa-lightning-indexer-prefill.cuh) and a CPU reference, both timed
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
@@ -19,19 +21,20 @@
 # ~10 s + a few seconds.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid [OUTDIR] [--quick] [--compile-only]}; shift
+CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
   topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh" ;;
   sattn) HEADERS="dsa-sparse-attn-kernels.cuh" ;;
   lid)   HEADERS="dsa-lightning-indexer-decode.cuh" ;;
-  *) echo "unknown check $CHECK (topk, sattn or lid)" >&2; exit 2 ;;
+  lip)   HEADERS="dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh" ;;
+  *) echo "unknown check $CHECK (topk, sattn, lid or lip)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
 QUICK=""; COMPILE_ONLY=0
 for a in "$@"; do
   case $a in --quick) QUICK=--quick ;; --compile-only) COMPILE_ONLY=1 ;; *) echo "unknown arg $a" >&2; exit 2 ;; esac
 done
-[ "$CHECK" = sattn ] && QUICK=""   # one size only
+[ "$CHECK" = sattn ] || [ "$CHECK" = lip ] && QUICK=""   # one size only
 mkdir -p "$OUTDIR"
 HDIR=$(mktemp -d)
 trap 'rm -rf "$HDIR"' EXIT
