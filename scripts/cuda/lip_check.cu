@@ -237,8 +237,11 @@ static Measure measure(const std::vector<float> & out, const std::vector<float> 
         // top-K overlap (mask included: forced cells and -INF as in the model)
         std::vector<int> a(N), b(N);
         for (int i = 0; i < N; ++i) a[i] = b[i] = i;
-        const int kk = std::min(K, N);
         auto full_ref = [&](int i) { return ref[i] + (double) m[(size_t) t*N + i]; };
+        int n_vis = 0; // cells the token sees (the rest are -INF in both: their order is arbitrary)
+        for (int i = 0; i < N; ++i) n_vis += std::isfinite(full_ref(i));
+        const int kk = std::min(K, n_vis);
+        if (kk == 0) continue;
         std::nth_element(a.begin(), a.begin() + kk, a.end(), [&](int x, int y) { return full_ref(x) > full_ref(y); });
         std::nth_element(b.begin(), b.begin() + kk, b.end(), [&](int x, int y) { return out[(size_t) t*N + x] > out[(size_t) t*N + y]; });
         std::vector<char> in(N, 0);
