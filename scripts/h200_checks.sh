@@ -61,6 +61,13 @@ MODEL=$SHARED/models/ref-llama-27m
 CALIB=$SHARED/data/calib/books-calib.txt
 dsa() { python3 -m dsa_convert.cli "$@"; }
 stamp() { echo "== $(date -u +%FT%TZ) $*"; }
+# one scripts/cuda/run_cuda_check.sh check: its log in $WORK/NAME_check.log, the last LINES lines shown, its status
+cuda_check() {
+  local rc=0
+  bash scripts/cuda/run_cuda_check.sh "$1" "$WORK/$1" > "$WORK/$1_check.log" 2>&1 || rc=$?
+  tail -n "$2" "$WORK/$1_check.log"
+  return $rc
+}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 for step in $STEPS; do
@@ -138,18 +145,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   licheck)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o "$WORK/li_check" \
       && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
-  lipcheck)   # prototype tensor-core prefill indexer (not in the patch yet) vs the patch's FP32 prefill kernel
-    rc=0; bash scripts/cuda/run_cuda_check.sh lip "$WORK/lip" > "$WORK/lip_check.log" 2>&1 || rc=$?
-    tail -20 "$WORK/lip_check.log"
-    [ $rc -eq 0 ] || exit $rc ;;
-  lidcheck)   # the decode lightning indexer alone (also part of cudachecks)
-    rc=0; bash scripts/cuda/run_cuda_check.sh lid "$WORK/lid" > "$WORK/lid_check.log" 2>&1 || rc=$?
-    tail -30 "$WORK"/lid_check.log
-    [ $rc -eq 0 ] || exit $rc ;;
+  lipcheck) cuda_check lip 20 ;; # prototype tensor-core prefill indexer (not in the patch yet) vs the FP32 kernel
+  lidcheck) cuda_check lid 30 ;; # the decode lightning indexer alone (also part of cudachecks)
   cudachecks)
     rc=0
-    for c in topk sattn lid; do bash scripts/cuda/run_cuda_check.sh $c "$WORK/$c" > "$WORK/${c}_check.log" 2>&1 || rc=1; done
-    tail -n 3 "$WORK"/topk_check.log "$WORK"/sattn_check.log; tail -n 30 "$WORK"/lid_check.log
+    cuda_check topk 3 || rc=1; cuda_check sattn 3 || rc=1; cuda_check lid 30 || rc=1
     [ $rc -eq 0 ] || exit $rc ;;
   profile)
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}

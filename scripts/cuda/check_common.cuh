@@ -63,16 +63,10 @@ template <typename F> static double time_us_cold(cudaStream_t s, int warmup, int
         CK(cudaMalloc(&sink, sizeof(int)));
     }
     for (int r = 0; r < warmup; ++r) launch();
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    double total_ms = 0.0;
+    double total_us = 0.0;
     for (int r = 0; r < reps; ++r) {
         check_l2_flush_kernel<<<1024, 256, 0, s>>>(buf, n, sink);
-        CK(cudaEventRecord(e0, s));
-        launch();
-        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-        total_ms += ms;
+        total_us += time_us(s, 0, 1, launch);   // this call alone, after the flush
     }
-    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-    return 1e3 * total_ms / reps;
+    return total_us / reps;
 }

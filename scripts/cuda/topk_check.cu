@@ -192,26 +192,10 @@ static __global__ void __launch_bounds__(TOPK_RADIX_BLOCK) proto_gather_runs(
     const int row = blockIdx.x / bpr, rb = blockIdx.x % bpr, tid = threadIdx.x;
     const int lane = tid % 32, warp = tid / 32;
     __shared__ int2 warp_c[NT / 32];
-    __shared__ int2 before_sh;
     const uint32_t prefix = states[row].prefix;
     const uint32_t mask   = states[row].mask;
     const int      rank   = k - states[row].consumed;
-    {   // the earlier chunks' counts (as topk_radix_gather)
-        int2 c = tid < rb ? counts[(size_t) row * bpr + tid] : make_int2(0, 0);
-        for (int off = 16; off > 0; off /= 2) {
-            c.x += __shfl_xor_sync(0xffffffffu, c.x, off);
-            c.y += __shfl_xor_sync(0xffffffffu, c.y, off);
-        }
-        if (lane == 0) warp_c[warp] = c;
-        __syncthreads();
-        if (tid == 0) {
-            int2 t = make_int2(0, 0);
-            for (int w = 0; w < NT / 32; ++w) { t.x += warp_c[w].x; t.y += warp_c[w].y; }
-            before_sh = t;
-        }
-        __syncthreads();
-    }
-    const int2 before = before_sh;
+    const int2 before = topk_radix_block_sum2(tid < rb ? counts[(size_t) row * bpr + tid] : make_int2(0, 0), warp_c);
     const int2 own = counts[(size_t) row * bpr + rb];
     if (own.x == 0 && (own.y == 0 || before.y >= rank)) return; // uniform
     const float * row_src = src + (size_t) row * ncols;
