@@ -33,7 +33,12 @@ def _fail(msg: str, code: int):
     raise typer.Exit(code)
 
 
-_INDEX_KEYS_HELP = "DSA indexer-key cache: f32 (exact) | f16 (half its bytes; the patched llama.cpp's switch)"
+def _lower(s: Optional[str]) -> Optional[str]:
+    return None if s is None else s.lower()
+
+
+_INDEX_KEYS_HELP = ("DSA indexer-key cache of llama.cpp: f16 (default; half the bytes of f32) | f32 (exact); "
+                    "the patched llama.cpp's switch")
 
 # the last SIGTERM / SIGINT received (set by main()'s handlers): a signal that arrives while numpy or torch
 # probe an object can surface as some other exception (numpy turns errors inside __array__ probing into
@@ -157,7 +162,7 @@ def eval_cmd(
     attn: Optional[str] = typer.Option(None, help="dense | sparse (| local | random | oracle with torch)"),
     kv: str = typer.Option("f16", help="KV cache: f16 | f32 | q8_0 | q4_0 (these two need --flash-attn) | asq "
                                       "(the file's ASQ prototypes, sparse runs; llama.cpp and torch)"),
-    index_keys: str = typer.Option("f32", "--index-keys", help=_INDEX_KEYS_HELP),
+    index_keys: Optional[str] = typer.Option(None, "--index-keys", help=_INDEX_KEYS_HELP),
     ctx: int = typer.Option(512, help="context length (chunk size)"),
     chunks: Optional[int] = typer.Option(None, help="evaluate only the first N chunks"),
     top_k: Optional[int] = typer.Option(None, help="override the file's top-k"),
@@ -190,12 +195,12 @@ def eval_cmd(
         lc = import_llama_cpp()
         ngl = n_gpu_layers if n_gpu_layers is not None else (999 if lc.llama_supports_gpu_offload() else 0)
         res = run(file, evdata.read_eval_text(text_path),
-                  LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, index_keys=index_keys.lower(),
+                  LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, index_keys=_lower(index_keys),
                                   n_gpu_layers=ngl, flash_attn=flash_attn, quiet=as_json))
     elif backend == "torch":
         from .eval.torch_backend import run_torch_eval
 
-        if index_keys.lower() != "f32":
+        if index_keys is not None and index_keys.lower() != "f32":
             raise BadInputError("--index-keys is a llama.cpp cache switch; the torch backend (kernels_ref) keeps F32 keys")
 
         res = run_torch_eval(file, text_path, ctx=ctx, chunks=chunks, attn=attn or "dense", kv=kv, top_k=top_k,
@@ -293,7 +298,7 @@ def bench(
     n_gpu_layers: int = typer.Option(999, help="layers offloaded to the GPU (CUDA builds)"),
     kv: str = typer.Option("f16", help="KV cache type of the sparse runs: f16 | q8_0 | q4_0 (need --flash-attn) | asq "
                                       "(the file's ASQ prototypes); dense runs use f16 with --kv asq"),
-    index_keys: str = typer.Option("f32", "--index-keys", help=_INDEX_KEYS_HELP),
+    index_keys: Optional[str] = typer.Option(None, "--index-keys", help=_INDEX_KEYS_HELP),
     batch: int = typer.Option(512, help="prefill batch (n_batch = n_ubatch)"),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)"),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
@@ -312,7 +317,7 @@ def bench(
     from .eval.bench import BenchOptions, bench as run, parse_attn, parse_int_list, render, write_plot
 
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
-                     kv=kv.lower(), index_keys=index_keys.lower(), batch=batch, threads=threads,
+                     kv=kv.lower(), index_keys=_lower(index_keys), batch=batch, threads=threads,
                      flash_attn=flash_attn, force=force, seed=seed, plot=plot, jsonl=jsonl, variants=list(variant),
                      quiet=as_json)
     rows = run(file, o)

@@ -30,12 +30,14 @@ def main() -> None:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--kv", default="f16,q8_0,q4_0,asq")
     ap.add_argument("--ref-device", default="cpu", help="torch device of the kernels_ref run")
+    ap.add_argument("--index-keys", default=None, help="llama.cpp's indexer-key cache (f32 | f16; default: dsa eval's)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     common = ["--ctx", str(a.ctx), "--chunks", str(a.chunks), "--attn", "sparse"]
     rows = {}
     for kv in a.kv.split(","):
-        rows[kv] = dsa_eval(str(a.dsa), *common, "--kv", kv, "--flash-attn", "--n-gpu-layers", str(a.n_gpu_layers))
+        keys = ["--index-keys", a.index_keys] if a.index_keys else []
+        rows[kv] = dsa_eval(str(a.dsa), *common, "--kv", kv, "--flash-attn", "--n-gpu-layers", str(a.n_gpu_layers), *keys)
         print(f"# {kv}: ppl {rows[kv]['ppl']:.4f}, {rows[kv]['kv_main_bytes'] / rows[kv]['kv_cells']:.1f} B/token "
               f"(main), {rows[kv]['seconds']} s", file=sys.stderr, flush=True)
     ref = {}
@@ -46,7 +48,7 @@ def main() -> None:
     base = rows.get("f16")
     dev = next(iter(rows.values()))["device"]
     print(f"device: {dev}; sparse attention (top-k {next(iter(rows.values()))['top_k']}), flash attention on, "
-          f"ctx {a.ctx}, {a.chunks} chunks\n")
+          f"ctx {a.ctx}, {a.chunks} chunks, llama.cpp index keys {next(iter(rows.values())).get('index_keys')}\n")
     print("| KV cache (llama.cpp) | K / V type as allocated | bytes/token main (K+V) | vs f16 | + indexer keys "
           "| PPL | Δ vs f16 |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -103,9 +103,10 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
     assert by[(64, "dense")]["mode_log"].startswith("off")
     assert by[(64, "sparse")]["sparse_active"] and by[(64, "sparse")]["top_k"] == TOPK
     # main K/V: 2 layers x 2 KV heads x 64 x (K + V) x 2 bytes = 1024 B/token (f16); sparse adds the
-    # F32 indexer-key cache: 2 layers x 64 x 4 = 512 B/token (llama.cpp logs MiB with 2 decimals)
+    # indexer-key cache, F16 by default: 2 layers x 64 x 2 = 256 B/token (llama.cpp logs MiB with 2 decimals)
     assert by[(512, "dense")]["kv_bytes_per_token"] == pytest.approx(1024, rel=0.02)
-    assert by[(512, "sparse")]["kv_indexer_bytes"] / by[(512, "sparse")]["kv_cells"] == pytest.approx(512, rel=0.05)
+    assert by[(512, "sparse")]["index_keys"] == "f16" and by[(512, "dense")]["index_keys"] is None
+    assert by[(512, "sparse")]["kv_indexer_bytes"] / by[(512, "sparse")]["kv_cells"] == pytest.approx(256, rel=0.05)
     assert "indexer_share_decode_est" in by[(64, "sparse")]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

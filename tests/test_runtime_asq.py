@@ -165,15 +165,18 @@ def test_kv_switch_errors(tiny_asq, tmp_path):
 
 @requires_backend
 def test_index_keys_f16_switch(tiny_asq, tmp_path):
-    """--index-keys f16 (the patched llama.cpp's {arch}.dsa.indexer.key_f16): the indexer-key cache is allocated
-    as F16, half its F32 bytes, the main cache is untouched and the sparse PPL stays close to F32 keys."""
+    """--index-keys f16 (the default; the patched llama.cpp's {arch}.dsa.indexer.key_f16): the indexer-key cache is
+    allocated as F16, half its F32 bytes, the main cache is untouched and the sparse PPL stays close to F32 keys."""
     plain, dsa, _, _, _ = tiny_asq
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"w{i % 89}" for i in range(6000)))
     common = ("--ppl", str(text), "--ctx", "256", "--chunks", "2", "--kv", "f16")
-    f32 = dsa_eval_json(str(dsa), *common)
+    f32 = dsa_eval_json(str(dsa), *common, "--index-keys", "f32")
     f16 = dsa_eval_json(str(dsa), *common, "--index-keys", "f16")
-    assert (f32["index_keys"], f16["index_keys"]) == ("f32", "f16") and f16["attn"] == "sparse"
+    default = dsa_eval_json(str(dsa), *common)
+    assert (f32["index_keys"], f16["index_keys"], default["index_keys"]) == ("f32", "f16", "f16")
+    assert f16["attn"] == "sparse" and default["ppl"] == f16["ppl"]
+    assert dsa_eval_json(str(plain), *common)["index_keys"] is None     # a stock file: no indexer-key cache
     assert f16["kv_main_bytes"] == f32["kv_main_bytes"]
     assert f16["kv_indexer_bytes"] * 2 == pytest.approx(f32["kv_indexer_bytes"], rel=0.02)
     assert abs(f16["ppl"] / f32["ppl"] - 1) < 0.02

@@ -52,7 +52,7 @@ from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn,
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
 from ..progress import task
-from .perplexity_llamacpp import dsa_overrides
+from .perplexity_llamacpp import INDEX_KEYS_DEFAULT, dsa_overrides
 
 ATTN_MODES = ("sparse", "dense")
 DEFAULT_CTX = (4096, 16384, 65536, 131072)
@@ -65,7 +65,7 @@ class BenchOptions:
     attn: list[str] = field(default_factory=lambda: list(ATTN_MODES))
     n_gpu_layers: int = 999
     kv: str = "f16"
-    index_keys: str = "f32"           # indexer-key cache of the sparse runs: f32 | f16
+    index_keys: str | None = None     # indexer-key cache of the sparse runs: f16 | f32 (None: INDEX_KEYS_DEFAULT)
     batch: int = 512                  # n_batch = n_ubatch of the context
     threads: int | None = None        # None: os.cpu_count()
     flash_attn: bool = True
@@ -185,7 +185,7 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         n_train = g.get(f"{arch}.context_length")
         n_train = int(n_train) if n_train is not None else None
         over = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16",
-                                 o.index_keys if m == "sparse" else "f32")[0] for m in o.attn}
+                                 o.index_keys if m == "sparse" else None)[0] for m in o.attn}
         top_k = g.get(f"{arch}.attention.indexer.top_k")
     finally:
         g.close()
@@ -288,7 +288,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
                           "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval - warm.n_eval,
                           "n_graphs_reused": perf.n_reused},
         **kv.report(),
-        "kv_type": o.kv, "index_keys": o.index_keys if attn == "sparse" else None,
+        "kv_type": o.kv, "index_keys": (o.index_keys or INDEX_KEYS_DEFAULT) if attn == "sparse" else None,
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
