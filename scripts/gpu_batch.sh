@@ -18,10 +18,19 @@
 #   synthbg / synth8bg         write the synthetic 1B (ASQ prototypes) / 8B Q4_K_M file in the background; Q4_K_M
 #                              needs the backend's llama-quantize, so on a fresh machine put it after `build`
 #   wait                       wait for synthbg / synth8bg
-#   exp:VAR=VALUE              export a variable for the following steps (e.g. exp:PROF_CTX=131072)
+#   exp:VAR=VALUE              export a variable for the following steps (e.g. exp:PROF_CTX=131072); commas in
+#                              VALUE become spaces (exp:SPEED_ARGS=--index-keys,f32)
 #   speed1b=C1,C2 / speed8b=C  the speed step on the 1B / 8B file at those contexts
 #   bench1b=ARGS / bench8b=ARGS  dsa bench on that file with extra comma-separated args
-#                              (bench1b=--ctx,131072,--attn,sparse,--index-keys,f16)
+#                              (bench1b=--ctx,131072,--attn,sparse,--index-keys,f32)
+#   TMAX (environment, default 400): the time limit of a plain h200_checks step; a cold CUDA build took 291-400+ s
+#                              (docs/RESULTS.md section 4k), so give `build` more: exp:TMAX=540 build exp:TMAX=400
+#
+# The next round's first call (RESULTS section 4k, "Next"): the concurrent-streams check, then its A/B at 64K
+#   STEPS="exp:TMAX=540 build exp:TMAX=300 synthbg wait streams bench1b=--ctx,65536,--seed,1
+#          exp:GGML_CUDA_GRAPH_OPT=1 exp:LLAMA_DSA_STREAMS=1 exp:LLAMA_DSA_STREAMS_LOG=1 bench1b=--ctx,65536,--seed,2
+#          exp:GGML_CUDA_GRAPH_OPT=0 exp:LLAMA_DSA_STREAMS=0 bench1b=--ctx,65536,--seed,3
+#          exp:GGML_CUDA_GRAPH_OPT=1 exp:LLAMA_DSA_STREAMS=1 bench1b=--ctx,65536,--seed,4
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
@@ -45,7 +54,7 @@ for s in ${STEPS:-}; do
   wait) while pgrep -f make_synth_gguf > /dev/null; do sleep 2; done ;;
   bg:*) timeout "$(rem 300)" $H "${s#bg:}" > "$R/${s#bg:}.out" 2>&1 & ;;
   waitbg) wait ;;
-  exp:*) export "${s#exp:}" ;;
+  exp:*) v=$(echo "${s#exp:}" | tr , ' '); export "$v" ;;
   speed1b=*) SPEED_CTX=${s#speed1b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
   speed8b=*) SPEED_8B=only SPEED_CTX=${s#speed8b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
   bench1b=*|bench8b=*)

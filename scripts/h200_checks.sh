@@ -18,6 +18,8 @@
 #   asqspeed  decode speed with the ASQ cache vs a q4_0 cache at 64K on the synthetic 1B shape with random
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
 #             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
+#   streams   scripts/check_streams.py on the synthetic 1B shape: decode logits with and without concurrent CUDA
+#             streams (GGML_CUDA_GRAPH_OPT=1, the indexer's branch forked at attn_norm) must be bit-identical  (issue 6)
 #   decodecheck  scripts/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
 #             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7);
 #             $DC_PREFILL prefill tokens (default 600; > 1024 so that the decodes' rows take the radix top-k and the
@@ -26,7 +28,8 @@
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
 #             of LLAMA_DSA_FUSED_ATTN=0, or LLAMA_DSA_DEVICE_MASK=0: every mask written by the host; the default 3
-#             builds the prefill indexer mask and the decode masks in the graph)
+#             builds the prefill indexer mask and the decode masks in the graph; SPEED_ARGS: more dsa bench
+#             options for every run, e.g. "--index-keys f16")
 #   asqenc    scripts/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
 #   licheck   scripts/cuda/li_check.cu: the lightning-indexer kernel's earlier form vs the (session 5-7) staged decode and
@@ -35,8 +38,9 @@
 #             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
 #             (lid) the earlier decode kernel, with timings                                          (issue 6)
 #   lidcheck  the lid check alone                                                                      (issue 6)
-#   lipcheck  scripts/cuda/lip_check.cu: a tensor-core prefill indexer (prototype, not in the patch) vs the patch's
-#             FP32 prefill kernel: error and top-2048 overlap against a CPU reference, timing hot and cold  (issue 6)
+#   lipcheck  scripts/cuda/lip_check.cu: two tensor-core prefill indexers (prototypes, not in the patch: tc = relu and
+#             weight through shared memory per head; tc2 = the |.| identity, in registers) vs the patch's FP32 prefill
+#             kernel: error and top-2048 overlap against a CPU reference, timing hot and cold       (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE)       (issue 6)
@@ -110,7 +114,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     cat "${BENCH_JSONL:-$WORK/bench.jsonl}" ;;
   asq)
     [ -s "$WORK/kv.md" ] || python3 scripts/bench_kv.py --dsa "${DSA_FILE:-$WORK/ref-dsa.gguf}" --tokenizer "${TOK:-$MODEL}" \
-      --ctx 2048 --chunks 4 --n-gpu-layers 99 --ref-device cuda --json "$WORK/kv.json" > "$WORK/kv.md"
+      --ctx 2048 --chunks 4 --n-gpu-layers 99 --ref-device cuda ${ASQ_ARGS:-} --json "$WORK/kv.json" > "$WORK/kv.md"
     cat "$WORK/kv.md" ;;
   asqspeed)
     [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
@@ -135,7 +139,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     for f in "${files[@]}"; do
       for c in $(echo "${SPEED_CTX:-16384,65536,131072}" | tr , ' '); do
         dsa bench "$f" --ctx $c --gen 32 --attn sparse,dense --kv f16 --flash-attn --n-gpu-layers 999 --force \
-          ${SPEED_VARIANT:+--variant $SPEED_VARIANT} --jsonl "$WORK/speed.jsonl" > /dev/null || true
+          ${SPEED_VARIANT:+--variant $SPEED_VARIANT} ${SPEED_ARGS:-} --jsonl "$WORK/speed.jsonl" > /dev/null || true
       done
     done
     cat "$WORK/speed.jsonl" ;;
@@ -177,6 +181,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     sfx=${DV_F32:+-f32}
     python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock$sfx.gguf" ${DV_F32:+--f32}
     python3 scripts/verify_dsa_patch.py "$WORK/ref-stock$sfx.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify$sfx.txt" ;;
+  streams)
+    # concurrent CUDA streams (GGML_CUDA_GRAPH_OPT=1, with the indexer's branch) leave every decode's logits bit-identical
+    f=${STREAMS_FILE:-$WORK/synth-1b-asq.gguf}
+    [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 | tee "$WORK/streams.txt"; exit "${PIPESTATUS[0]}" ;;
   decodecheck)
     rc=0
     for kv in asq f16; do
