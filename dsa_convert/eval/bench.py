@@ -52,7 +52,7 @@ from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn,
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
 from ..progress import task
-from .perplexity_llamacpp import INDEX_KEYS_DEFAULT, dsa_overrides
+from .perplexity_llamacpp import dsa_overrides
 
 ATTN_MODES = ("sparse", "dense")
 DEFAULT_CTX = (4096, 16384, 65536, 131072)
@@ -83,6 +83,7 @@ class FileInfo:
     n_ctx_train: int | None
     top_k: int | None                 # the file's indexer top-k (None: no DSA indexer)
     overrides: dict[str, dict]        # attn -> kv_overrides
+    index_keys: dict[str, str | None]  # attn -> the indexer-key cache that run uses (None: dense, no indexer)
 
 
 def parse_int_list(spec: str, what: str) -> list[int]:
@@ -184,8 +185,8 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         arch = g.arch
         n_train = g.get(f"{arch}.context_length")
         n_train = int(n_train) if n_train is not None else None
-        over = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16",
-                                 o.index_keys if m == "sparse" else None)[0] for m in o.attn}
+        resolved = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16",
+                                     o.index_keys if m == "sparse" else None) for m in o.attn}
         top_k = g.get(f"{arch}.attention.indexer.top_k")
     finally:
         g.close()
@@ -194,7 +195,8 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         if too_long:
             raise BadInputError(f"--ctx {too_long[0]} exceeds the model's trained context {n_train} "
                                 "(use --force to run it anyway)")
-    return FileInfo(arch, n_train, int(top_k) if top_k is not None else None, over)
+    return FileInfo(arch, n_train, int(top_k) if top_k is not None else None,
+                    {m: ov for m, (ov, _) in resolved.items()}, {m: mode["index_keys"] for m, (_, mode) in resolved.items()})
 
 
 def _device(lc, n_gpu_layers: int, kv: KvCacheInfo) -> str:
@@ -288,7 +290,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
                           "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval - warm.n_eval,
                           "n_graphs_reused": perf.n_reused},
         **kv.report(),
-        "kv_type": o.kv, "index_keys": (o.index_keys or INDEX_KEYS_DEFAULT) if attn == "sparse" else None,
+        "kv_type": o.kv, "index_keys": fi.index_keys[attn],
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
