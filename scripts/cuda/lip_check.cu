@@ -1,24 +1,27 @@
-// Prototype + check of a tensor-core lightning indexer for PREFILL ubatches (issue #6, prefill goal), to run on a GPU
-// before it goes into the patch. Not part of the patch yet: compiled here only (no GPU on the development machine).
+// Check of the tensor-core lightning indexers for PREFILL ubatches (issue #6, prefill goal) on a GPU; compiled on the
+// development machine only (no GPU there).
 //
-// The patch's prefill indexer (lightning-indexer.cu, dsa_lightning_indexer_kernel) computes, per stream s, token t and
-// cell i,  score = sum_h (w[t, h] * w_scale) * relu(q[t, h] . K[i]) + mask[t, i]  on FP32 CUDA cores, one key per
-// thread: about 15 % of the H200's FP32 peak, 13.8 ms of a 63 ms prefill ubatch at 32K (docs/RESULTS.md §4e). Here the
-// products q[t, h] . K[i] run on tensor cores (WMMA m16n16k16, F16 inputs, F32 accumulation): a block takes 64 tokens
-// (all heads' q in shared memory, converted to F16 once) and walks KITER tiles of 64 keys; each warp computes a
-// 16-token x 32-key piece per head, moves the accumulator through shared memory to apply relu and the head weight, and
-// sums the heads in registers (h = 0 .. H-1, as the patch). Then the mask is added and the scores written.
+// The patch's default prefill indexer (dsa-lightning-indexer-prefill.cuh, dsa_lightning_indexer_kernel) computes, per
+// stream s, token t and cell i,  score = sum_h (w[t, h] * w_scale) * relu(q[t, h] . K[i]) + mask[t, i]  on FP32 CUDA
+// cores, one key per thread. Two tensor-core forms (WMMA m16n16k16, F16 inputs, F32 accumulation) are checked against
+// it and against a CPU reference:
+//   tc   a prototype kept in this file (lip_wmma): a block takes 64 tokens and walks tiles of 64 keys; each warp
+//        computes a 16-token x 32-key piece per head and moves every head's accumulator through shared memory to
+//        apply relu and the head weight (first run: RESULTS §4k, 1.6-2.1x the FP32 kernel);
+//   tc2  the patch's opt-in kernel (dsa-lightning-indexer-tc.cuh, LLAMA_DSA_PREFILL_TC=1): relu and the weight in
+//        registers through  w relu(x) = (w x + |w+ x| - |w- x|)/2  (2H + 1 products, no per-head round trip).
 //
 // The check: a double-precision CPU reference on sampled (token, cell) pairs (relative error against the row's score
 // scale), and for sampled rows the overlap of the top-k (k 2048) with the reference's top-k (F16 inputs move scores by
-// ~1e-3 relative, so picks near the threshold may change); the patch's FP32 kernel is run on the same
-// inputs for the same two measures and for timing (back to back and with a cold L2). The patch's kernel comes from its
-// header (ggml/src/ggml-cuda/dsa-lightning-indexer-prefill.cuh; scripts/cuda/run_cuda_check.sh lip extracts it).
+// ~1e-3 relative, so picks near the threshold may change); the FP32 kernel is run on the same inputs for the same two
+// measures and all three are timed (back to back and with a cold L2). The patch's kernels come from its headers
+// (scripts/cuda/run_cuda_check.sh lip extracts them).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with the two dsa-lightning-indexer-*.cuh> lip_check.cu -o lip_check
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with the dsa-lightning-indexer-*.cuh headers> lip_check.cu -o lip_check
 // Exit status 0 iff every case is within the bounds printed with it.
 #include "check_common.cuh"
 #include "dsa-lightning-indexer-prefill.cuh" // the patch's FP32 prefill kernel
+#include "dsa-lightning-indexer-tc.cuh"      // the patch's tensor-core prefill kernel (opt-in there)
 
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -194,124 +197,25 @@ static void lip_launch(const lip_params & p, int nsm, cudaStream_t st) {
     lip_launch_tiles(lip_wmma<D, TK>, lip_smem_bytes<D>(p.H), LIP_WARPS*32, p, nsm, st);
 }
 
-// ------------------------------------------------------------------ tensor-core kernel, second form (prototype 2)
-// The first form moves every head's 16x16 accumulator through shared memory for relu and the head weight (a factor per
-// token row, and WMMA's fragment layout is opaque). Here no piece takes that round trip. With relu(x) = (x + |x|)/2
-// and w = w+ - w- (w+ = max(w, 0), w- = max(-w, 0), so w |x| = |w+ x| - |w- x|):
-//   sum_h w_h relu(q_h . k) = ( (sum_h w_h q_h) . k + sum_h |(w+_h q_h) . k| - sum_h |(w-_h q_h) . k| ) / 2,
-// i.e. one product with the heads' weighted query sum, plus two per head with |.| applied element-wise to the
-// accumulator fragment (position-independent, so valid on the opaque layout): 2H + 1 products instead of H. The
-// weights are folded into the F16 queries once per block (2H + 1 query rows per token). Each warp's 16 x 32 piece goes
-// through shared memory once, for the mask add and row-coalesced stores. Cost of the identity: where every head's q.k
-// is negative the exact score is 0 and this one is a difference of F16-rounded sums; a numpy model of it (F16 inputs,
-// random q, k, w; H 4, D 64, 8192 keys) gave the same error (1.9e-3 of the row's RMS) and top-2048 overlap as the first
-// form's.
-#define LIA_WARPS 8   // 4 (tokens) x 2 (keys): a warp owns 16 tokens x 32 keys of the 64 x 64 tile
-
-template <int D>
-static size_t lia_smem_bytes(int H) {
-    return (size_t) (2*H + 1)*LIP_TT*(D + 8)*sizeof(half)    // q_sh: w+_h q_h, w-_h q_h per head, sum_h w_h q_h
-         + (size_t) LIP_TK*(D + 8)*sizeof(half)              // k_sh
-         + (size_t) LIA_WARPS*16*32*sizeof(float);           // c_sh: one 16 x 32 piece per warp
-}
-
-template <int D, typename TK>
-__global__ void __launch_bounds__(LIA_WARPS*32) lip_abs(const lip_params p, const int kiter) {
-    constexpr int LDQ = D + 8;
-    extern __shared__ __align__(128) unsigned char lia_smem[];
-    half  * q_sh = (half *) lia_smem;                        // [2H + 1][TT][LDQ]
-    half  * k_sh = q_sh + (size_t) (2*p.H + 1)*LIP_TT*LDQ;   // [TK][LDQ]
-    float * c_sh = (float *) (k_sh + LIP_TK*LDQ);            // [WARPS][16][32]; offsets are multiples of 32 bytes
-
-    const int tid  = threadIdx.x;
-    const int warp = tid / 32;
-    const int lane = tid % 32;
-    const int t0   = blockIdx.y*LIP_TT;
-    const int n_t  = min(LIP_TT, p.T - t0);
-
-    // queries with the head weights folded in (F32 products, then F16); rows past n_t: zeros
-    for (int i = tid; i < LIP_TT*D; i += LIA_WARPS*32) {
-        const int t = i / D;
-        const int e = i % D;
-        float sum = 0.0f;
-        for (int h = 0; h < p.H; ++h) {
-            float wv = 0.0f, qv = 0.0f;
-            if (t < n_t) {
-                wv = p.w[(size_t) (t0 + t)*p.H + h]*p.w_scale;
-                qv = p.q[((size_t) (t0 + t)*p.H + h)*D + e];
-            }
-            q_sh[((size_t) h*LIP_TT + t)*LDQ + e]         = __float2half_rn(fmaxf(wv, 0.0f)*qv);
-            q_sh[((size_t) (p.H + h)*LIP_TT + t)*LDQ + e] = __float2half_rn(fmaxf(-wv, 0.0f)*qv);
-            sum += wv*qv;
-        }
-        q_sh[((size_t) 2*p.H*LIP_TT + t)*LDQ + e] = __float2half_rn(sum);
-    }
-
-    const int wt = warp / 2;   // the warp's 16 tokens: wt*16 ..
-    const int wk = warp % 2;   // its 32 keys: wk*32 ..
-    float * cw = c_sh + warp*16*32;
-
-    for (int it = 0; it < kiter; ++it) {
-        const int kv0 = (blockIdx.x*kiter + it)*LIP_TK;
-        if (kv0 >= p.n_kv) {
-            break; // uniform
-        }
-        __syncthreads(); // q_sh written (it = 0), k_sh of the previous tile read
-        lip_load_k_tile<D, TK>(p, kv0, k_sh, tid, LIA_WARPS*32);
-        __syncthreads();
-
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
-        wmma::fill_fragment(acc[0], 0.0f);
-        wmma::fill_fragment(acc[1], 0.0f);
-        for (int h = 0; h <= 2*p.H; ++h) { // h < H: + |w+ q.k|; h < 2H: - |w- q.k|; h == 2H: + (sum w q).k
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2];
-            wmma::fill_fragment(c[0], 0.0f);
-            wmma::fill_fragment(c[1], 0.0f);
-#pragma unroll
-            for (int d0 = 0; d0 < D; d0 += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;
-                wmma::load_matrix_sync(a, q_sh + ((size_t) h*LIP_TT + wt*16)*LDQ + d0, LDQ);
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;
-                    wmma::load_matrix_sync(b, k_sh + (size_t) (wk*32 + kk*16)*LDQ + d0, LDQ); // B[d][key] = k_sh[key][d]
-                    wmma::mma_sync(c[kk], a, b, c[kk]);
-                }
-            }
-            const float sgn = h < p.H ? 1.0f : -1.0f; // uniform over the warp
-            const bool  lin = h == 2*p.H;
-#pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-                for (int j = 0; j < c[kk].num_elements; ++j) {
-                    acc[kk].x[j] += lin ? c[kk].x[j] : sgn*fabsf(c[kk].x[j]);
-                }
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-            for (int j = 0; j < acc[kk].num_elements; ++j) {
-                acc[kk].x[j] *= 0.5f;
-            }
-            wmma::store_matrix_sync(cw + kk*16, acc[kk], 32, wmma::mem_row_major);
-        }
-        __syncwarp();
-        // + mask, one token row at a time: the warp's 32 lanes write 32 consecutive scores
-        const int i = kv0 + wk*32 + lane;
-        for (int r = 0; r < 16; ++r) {
-            const int t = wt*16 + r;
-            if (t < n_t && i < p.n_kv) {
-                p.dst[(size_t) (t0 + t)*p.n_kv + i] = cw[r*32 + lane] + p.m[(size_t) (t0 + t)*p.n_kv + i];
-            }
-        }
-        __syncwarp();
-    }
-}
-
+// ------------------------------------------------------------------ the patch's tensor-core kernel (its header)
+// dsa-lightning-indexer-tc.cuh (LLAMA_DSA_PREFILL_TC=1): relu and the head weight in registers through
+// w relu(x) = (w x + |w+ x| - |w- x|)/2, launched as lightning-indexer.cu launches it
 template <int D, typename TK>
 static void lia_launch(const lip_params & p, int nsm, cudaStream_t st) {
-    lip_launch_tiles(lip_abs<D, TK>, lia_smem_bytes<D>(p.H), LIA_WARPS*32, p, nsm, st);
+    const size_t smem = dsa_lit_smem(p.H, D);
+    CK(cudaFuncSetAttribute(dsa_lightning_indexer_tc_kernel<D, TK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int) smem));
+    const int kiter = dsa_lit_kiter(p.n_kv, p.T, 1, nsm);
+    const dim3 grid((unsigned) (((p.n_kv + DSA_LIT_TK - 1)/DSA_LIT_TK + kiter - 1)/kiter),
+                    (unsigned) ((p.T + DSA_LIT_TT - 1)/DSA_LIT_TT), 1);
+    const size_t nbq2 = (size_t) p.H*D*sizeof(float), nbk2 = (size_t) D*sizeof(TK), row = (size_t) p.n_kv*sizeof(float);
+    dsa_lightning_indexer_tc_kernel<D, TK, float><<<grid, DSA_LIT_WARPS*32, smem, st>>>(
+        (const char *) p.q, (const char *) p.k, (const char *) p.w, (const char *) p.m, (char *) p.dst,
+        p.H, (int64_t) p.T, (int64_t) p.n_kv, /*nb1*/ row, /*nb3*/ row*p.T,
+        /*nbq1*/ (size_t) D*sizeof(float), nbq2, /*nbq3*/ nbq2*p.T, nbk2, /*nbk3*/ nbk2*p.n_kv,
+        /*nbw1*/ (size_t) p.H*sizeof(float), /*nbw3*/ (size_t) p.H*p.T*sizeof(float),
+        /*nbm1*/ row, /*nbm3*/ row*p.T, /*nem3*/ 1, p.w_scale, kiter);
+    CK(cudaGetLastError());
 }
 
 // ------------------------------------------------------------------ the patch's FP32 prefill kernel (its header)

@@ -7,8 +7,9 @@
 #   lid    scripts/cuda/lid_check.cu: the decode lightning indexer (ggml/src/ggml-cuda/dsa-lightning-indexer-decode.cuh)
 #          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed back to back and
 #          with a cold L2 (sattn likewise)
-#   lip    scripts/cuda/lip_check.cu: a tensor-core prefill indexer (prototype, not in the patch) against the patch's
-#          FP32 prefill kernel (ggml/src/ggml-cuda/dsa-lightning-indexer-prefill.cuh) and a CPU reference, both timed
+#   lip    scripts/cuda/lip_check.cu: the patch's opt-in tensor-core prefill indexer (dsa-lightning-indexer-tc.cuh) and a
+#          first tensor-core prototype against the patch's FP32 prefill kernel (dsa-lightning-indexer-prefill.cuh) and a
+#          CPU reference, all timed
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
@@ -26,7 +27,7 @@ case $CHECK in
   topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh" ;;
   sattn) HEADERS="dsa-sparse-attn-kernels.cuh" ;;
   lid)   HEADERS="dsa-lightning-indexer-decode.cuh" ;;
-  lip)   HEADERS="dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh" ;;
+  lip)   HEADERS="dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh" ;;
   *) echo "unknown check $CHECK (topk, sattn, lid or lip)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
