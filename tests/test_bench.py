@@ -114,6 +114,8 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
 @requires_backend
 def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_DSA_FUSED_ATTN", "0")   # the patch's switches in effect are recorded with the row
+    monkeypatch.setenv("GGML_CUDA_GRAPH_OPT", "1")    # and ggml's CUDA ones (no effect on the CPU)
+    monkeypatch.setenv("LLAMA_NOT_A_SWITCH", "x")     # but not the rest of the environment
     jl = tmp_path / "runs.jsonl"
     r = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--attn", "dense", "--kv", "q8_0",
                 "--threads", "1", "--jsonl", str(jl))
@@ -122,6 +124,7 @@ def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
     rows = [json.loads(line) for line in jl.read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["kv_type"] == "q8_0" and rows[0]["kv_bytes"] > 0
     assert rows[0]["llama_env"].get("LLAMA_DSA_FUSED_ATTN") == "0"
+    assert rows[0]["llama_env"].get("GGML_CUDA_GRAPH_OPT") == "1" and "LLAMA_NOT_A_SWITCH" not in rows[0]["llama_env"]
 
 
 @requires_backend

@@ -55,6 +55,9 @@ from ..progress import task
 from .perplexity_llamacpp import dsa_overrides
 
 ATTN_MODES = ("sparse", "dense")
+# environment switches recorded in each row: the patch's (docs/PATCH.md) and ggml's CUDA ones (e.g. GGML_CUDA_GRAPH_OPT,
+# which with LLAMA_DSA_STREAMS=1 forks the indexer's branch onto its own stream)
+RECORDED_ENV = ("LLAMA_DSA_", "GGML_CUDA_")
 DEFAULT_CTX = (4096, 16384, 65536, 131072)
 
 
@@ -295,7 +298,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
         "variant": variant, "pid": os.getpid(),
-        "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LLAMA_DSA_")},
+        "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)},
         "file": str(path),
     }
 
