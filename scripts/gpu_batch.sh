@@ -34,7 +34,9 @@
 #          exp:GGML_CUDA_GRAPH_OPT=0 exp:LLAMA_DSA_STREAMS=0
 #          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_PREFILL_TC=1,--variant,LLAMA_DSA_GATHER_MAX_TOKENS=512"
 #   with bg:lipcheck during the build (the opt-in tensor-core prefill indexer against the FP32 kernel); a PPL run with
-#   LLAMA_DSA_PREFILL_TC=1 (exp:LLAMA_DSA_PREFILL_TC=1 exp:ASQ_ARGS=--kv,f16 asq) before it could become a default
+#   LLAMA_DSA_PREFILL_TC=1 (exp:LLAMA_DSA_PREFILL_TC=1 exp:ASQ_ARGS=--kv,f16 asq) before it could become a default;
+#   and where the 64K prefill's time goes (about half the sparse-over-dense gap is not attributed, RESULTS §4k):
+#   exp:PROF_CTX=65536 exp:PROF_ATTN=none exp:PROF_PREFILL=1 exp:PROF_PREFILL_ATTN=sparse,dense profile
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }

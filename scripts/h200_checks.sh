@@ -43,7 +43,8 @@
 #             kernel: error and top-2048 overlap against a CPU reference, timing hot and cold       (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
-#             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE)       (issue 6)
+#             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE); PROF_PREFILL=1:
+#             also one prefill ubatch's kernels (PROF_PREFILL_ATTN="sparse dense" for both modes)       (issue 6)
 #   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on
 #             the GPU: decode path vs masked path vs kernels_ref, f16 / q8_0 caches with flash attention   (issue 6)
 #             (DV_F32=1: the copy's weights widened to F32)
@@ -160,14 +161,17 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
     c=${PROF_CTX:-32768}
     python3 scripts/profile_decode.py "$f" --ctx $c --gen 16 --kv ${PROF_KV:-f16} | tee "$WORK/profile-wall-$c.json"
-    if [ -n "${PROF_PREFILL:-}" ]; then   # one prefill ubatch (the last 512 tokens of the context), sparse
+    if [ -n "${PROF_PREFILL:-}" ]; then   # one prefill ubatch (the last 512 tokens of the context), PROF_PREFILL_ATTN
       python3 scripts/profile_decode.py "$f" --ctx $c --what prefill | tee "$WORK/profile-prefill-wall-$c.json"
-      ncu --profile-from-start off --clock-control none --cache-control ${NCU_CACHE:-none} --metrics gpu__time_duration.sum --csv --print-units base \
-        --log-file "$WORK/ncu-prefill-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --what prefill --attn sparse \
-        --profile > "$WORK/ncu-prefill-$c.log" 2>&1 || tail -5 "$WORK/ncu-prefill-$c.log"
-      python3 scripts/profile_decode.py --summary "$WORK/ncu-prefill-$c.csv" --gen 1 | tee "$WORK/profile-prefill-$c.txt" | head -30
+      for m in ${PROF_PREFILL_ATTN:-sparse}; do   # e.g. "sparse dense": the two GPU-time tables side by side
+        ncu --profile-from-start off --clock-control none --cache-control ${NCU_CACHE:-none} --metrics gpu__time_duration.sum --csv --print-units base \
+          --log-file "$WORK/ncu-prefill-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --what prefill --attn $m \
+          --profile > "$WORK/ncu-prefill-$m-$c.log" 2>&1 || tail -5 "$WORK/ncu-prefill-$m-$c.log"
+        python3 scripts/profile_decode.py --summary "$WORK/ncu-prefill-$m-$c.csv" --gen 1 | tee "$WORK/profile-prefill-$m-$c.txt" | head -30
+      done
     fi
     for m in ${PROF_ATTN:-sparse dense}; do
+      [ "$m" = none ] && continue   # PROF_ATTN=none: the prefill profile alone
       ncu --profile-from-start off --clock-control none --cache-control ${NCU_CACHE:-none} --metrics gpu__time_duration.sum --csv --print-units base \
         --log-file "$WORK/ncu-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --gen 2 --attn $m --kv ${PROF_KV:-f16} --profile \
         > "$WORK/ncu-$m-$c.log" 2>&1 || tail -5 "$WORK/ncu-$m-$c.log"
