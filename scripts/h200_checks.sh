@@ -19,7 +19,8 @@
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
 #             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
 #   streams   scripts/check_streams.py on the synthetic 1B shape: decode logits with and without concurrent CUDA
-#             streams (GGML_CUDA_GRAPH_OPT=1, the indexer's branch forked at attn_norm) must be bit-identical  (issue 6)
+#             streams (GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1: the indexer's branch forked at attn_norm) must be
+#             bit-identical                                                                            (issue 6)
 #   decodecheck  scripts/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
 #             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7);
 #             $DC_PREFILL prefill tokens (default 600; > 1024 so that the decodes' rows take the radix top-k and the
@@ -186,10 +187,12 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock$sfx.gguf" ${DV_F32:+--f32}
     python3 scripts/verify_dsa_patch.py "$WORK/ref-stock$sfx.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify$sfx.txt" ;;
   streams)
-    # concurrent CUDA streams (GGML_CUDA_GRAPH_OPT=1, with the indexer's branch) leave every decode's logits bit-identical
+    # concurrent CUDA streams (GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1: the indexer's branch on its own stream)
+    # leave every decode's logits bit-identical; a failure ends the script with its status, as decodecheck's does
     f=${STREAMS_FILE:-$WORK/synth-1b-asq.gguf}
     [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
-    python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 | tee "$WORK/streams.txt"; exit "${PIPESTATUS[0]}" ;;
+    python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 | tee "$WORK/streams.txt"
+    rc=${PIPESTATUS[0]}; [ $rc -eq 0 ] || exit $rc ;;
   decodecheck)
     rc=0
     for kv in asq f16; do
