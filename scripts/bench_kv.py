@@ -35,8 +35,8 @@ def main() -> None:
     a = ap.parse_args()
     common = ["--ctx", str(a.ctx), "--chunks", str(a.chunks), "--attn", "sparse"]
     rows = {}
+    keys = ["--index-keys", a.index_keys] if a.index_keys else []
     for kv in a.kv.split(","):
-        keys = ["--index-keys", a.index_keys] if a.index_keys else []
         rows[kv] = dsa_eval(str(a.dsa), *common, "--kv", kv, "--flash-attn", "--n-gpu-layers", str(a.n_gpu_layers), *keys)
         print(f"# {kv}: ppl {rows[kv]['ppl']:.4f}, {rows[kv]['kv_main_bytes'] / rows[kv]['kv_cells']:.1f} B/token "
               f"(main), {rows[kv]['seconds']} s", file=sys.stderr, flush=True)

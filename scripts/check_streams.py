@@ -34,21 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def decode_logits(a) -> np.ndarray:
     """Prefill a.prefill random tokens, then a.decode single-token evals: the logits of each decode step."""
-    from llama_cpp import Llama
+    from dsa_convert.backend.llama_runner import RunnerOptions, open_model
+    from dsa_convert.eval.perplexity_llamacpp import dsa_overrides
     from dsa_convert.formats.gguf_read import GgufFile
     g = GgufFile(Path(a.gguf))
-    arch = g.arch
-    has_asq = g.get(f"{arch}.dsa.asq.residual_bits") is not None
-    g.close()
-    ov = {}
-    if has_asq:
-        ov[f"{arch}.dsa.asq.cache"] = False          # an f16 cache, as `dsa bench --kv f16`
-    if a.index_keys == "f16":
-        ov[f"{arch}.dsa.indexer.key_f16"] = True
+    try:   # the sparse run's kv overrides as `dsa bench --kv f16 --index-keys K` builds them
+        ov = dsa_overrides(g, "sparse", None, "f16", a.index_keys)[0]
+    finally:
+        g.close()
     n = a.prefill + a.decode
-    llm = Llama(model_path=a.gguf, n_ctx=256 * ((n + 255) // 256), n_batch=512, n_ubatch=512, logits_all=False,
-                verbose=False, kv_overrides=ov or None, type_k=1, type_v=1, flash_attn=True,
-                n_gpu_layers=a.n_gpu_layers, seed=0)
+    llm = open_model(Path(a.gguf), RunnerOptions(n_ctx=256 * ((n + 255) // 256), n_batch=512, n_gpu_layers=a.n_gpu_layers,
+                                                 flash_attn=True, kv_type="f16", kv_overrides=ov, logits_all=False))
     n_vocab = llm.n_vocab()
     toks = np.random.default_rng(a.seed).integers(3, n_vocab, n)
     ids = [int(t) for t in toks]
