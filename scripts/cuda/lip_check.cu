@@ -45,32 +45,9 @@ struct lip_params {
 };
 
 // ------------------------------------------------------------------ tensor-core kernel (the prototype)
-#define LIP_TT    64   // tokens per block
-#define LIP_TK    64   // keys per tile
+#define LIP_TT    DSA_LIT_TT   // tokens per block (64), as the patch's tensor-core kernel: its key-tile loader is shared
+#define LIP_TK    DSA_LIT_TK   // keys per tile (64)
 #define LIP_WARPS 8    // 4 (tokens) x 2 (keys): a warp owns 16 tokens x 32 keys of the tile
-
-// one tile of LIP_TK keys as F16 rows of D + 8 halves (rows past n_kv: zeros); every thread of the block calls it
-template <int D, typename TK>
-static __device__ __forceinline__ void lip_load_k_tile(const lip_params & p, const int kv0, half * k_sh, const int tid,
-                                                       const int nthreads) {
-    for (int i = tid; i < LIP_TK*(D/4); i += nthreads) {
-        const int r = i / (D/4);
-        const int e = 4*(i % (D/4));
-        float4 v = make_float4(0, 0, 0, 0);
-        if (kv0 + r < p.n_kv) {
-            if constexpr (sizeof(TK) == 4) {
-                v = *(const float4 *) ((const float *) p.k + (size_t) (kv0 + r)*D + e);
-            } else {
-                const half2 * src = (const half2 *) ((const half *) p.k + (size_t) (kv0 + r)*D + e);
-                const float2 a = __half22float2(src[0]), b = __half22float2(src[1]);
-                v = make_float4(a.x, a.y, b.x, b.y);
-            }
-        }
-        half2 * o = (half2 *) (k_sh + (size_t) r*(D + 8) + e);
-        o[0] = __floats2half2_rn(v.x, v.y);
-        o[1] = __floats2half2_rn(v.z, v.w);
-    }
-}
 
 template <int D>
 static size_t lip_smem_bytes(int H) {
@@ -124,7 +101,7 @@ __global__ void __launch_bounds__(LIP_WARPS*32) lip_wmma(const lip_params p, con
             break; // uniform
         }
         __syncthreads(); // q_sh / w_sh written (it = 0), k_sh of the previous tile read
-        lip_load_k_tile<D, TK>(p, kv0, k_sh, tid, LIP_WARPS*32);
+        dsa_lit_load_k_tile<D, TK>((const char *) p.k, D*sizeof(TK), kv0, p.n_kv, k_sh, tid, LIP_WARPS*32);
         __syncthreads();
 
         // lane: row lane/2 of a 16x16 piece, columns (lane%2)*8 .. +7
@@ -179,22 +156,30 @@ __global__ void __launch_bounds__(LIP_WARPS*32) lip_wmma(const lip_params p, con
     }
 }
 
-// a tensor-core kernel over 64-token x 64-key tiles: keys per block such that there are enough blocks for 4 waves of one
-// block per SM (q is loaded once per block)
-static void lip_launch_tiles(void (*kernel)(lip_params, int), const size_t smem, const int nthreads,
-                             const lip_params & p, int nsm, cudaStream_t st) {
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
-    const int n_tiles = (p.n_kv + LIP_TK - 1)/LIP_TK;
-    const int n_tb    = (p.T + LIP_TT - 1)/LIP_TT;
-    const int kiter   = std::min(16, std::max(1, (n_tiles*n_tb)/(4*nsm)));
-    const dim3 grid((n_tiles + kiter - 1)/kiter, n_tb);
-    kernel<<<grid, nthreads, smem, st>>>(p, kiter);
+// 64-token x 64-key tiles, key tiles per block as the patch's tensor-core launch (dsa_lit_kiter)
+template <int D, typename TK>
+static void lip_launch(const lip_params & p, int nsm, cudaStream_t st) {
+    const size_t smem = lip_smem_bytes<D>(p.H);
+    CK(cudaFuncSetAttribute(lip_wmma<D, TK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
+    const int kiter = dsa_lit_kiter(p.n_kv, p.T, 1, nsm);
+    const dim3 grid(((p.n_kv + LIP_TK - 1)/LIP_TK + kiter - 1)/kiter, (p.T + LIP_TT - 1)/LIP_TT);
+    lip_wmma<D, TK><<<grid, LIP_WARPS*32, smem, st>>>(p, kiter);
     CK(cudaGetLastError());
 }
 
-template <int D, typename TK>
-static void lip_launch(const lip_params & p, int nsm, cudaStream_t st) {
-    lip_launch_tiles(lip_wmma<D, TK>, lip_smem_bytes<D>(p.H), LIP_WARPS*32, p, nsm, st);
+// the patch's two prefill kernels take the same arguments: the strides (bytes) of this check's contiguous q [D, H, T],
+// K [D, n_kv], w [H, T], mask and scores [n_kv, T] (one stream), then (the tensor-core kernel) its key tiles per block
+template <int D, typename TK, typename Kernel, typename... Extra>
+static void lip_launch_patch(Kernel kernel, const dim3 grid, const int threads, const size_t smem, const lip_params & p,
+                             cudaStream_t st, Extra... extra) {
+    const size_t nbq2 = (size_t) p.H*D*sizeof(float), nbk2 = (size_t) D*sizeof(TK), row = (size_t) p.n_kv*sizeof(float);
+    kernel<<<grid, threads, smem, st>>>(
+        (const char *) p.q, (const char *) p.k, (const char *) p.w, (const char *) p.m, (char *) p.dst,
+        p.H, (int64_t) p.T, (int64_t) p.n_kv, /*nb1*/ row, /*nb3*/ row*p.T,
+        /*nbq1*/ (size_t) D*sizeof(float), nbq2, /*nbq3*/ nbq2*p.T, nbk2, /*nbk3*/ nbk2*p.n_kv,
+        /*nbw1*/ (size_t) p.H*sizeof(float), /*nbw3*/ (size_t) p.H*p.T*sizeof(float),
+        /*nbm1*/ row, /*nbm3*/ row*p.T, /*nem3*/ (int64_t) 1, p.w_scale, extra...);
+    CK(cudaGetLastError()); // a launch over the shared-memory bound fails here, not as a wrong score later
 }
 
 // ------------------------------------------------------------------ the patch's tensor-core kernel (its header)
@@ -208,45 +193,21 @@ static void lia_launch(const lip_params & p, int nsm, cudaStream_t st) {
     const int kiter = dsa_lit_kiter(p.n_kv, p.T, 1, nsm);
     const dim3 grid((unsigned) (((p.n_kv + DSA_LIT_TK - 1)/DSA_LIT_TK + kiter - 1)/kiter),
                     (unsigned) ((p.T + DSA_LIT_TT - 1)/DSA_LIT_TT), 1);
-    const size_t nbq2 = (size_t) p.H*D*sizeof(float), nbk2 = (size_t) D*sizeof(TK), row = (size_t) p.n_kv*sizeof(float);
-    dsa_lightning_indexer_tc_kernel<D, TK, float><<<grid, DSA_LIT_WARPS*32, smem, st>>>(
-        (const char *) p.q, (const char *) p.k, (const char *) p.w, (const char *) p.m, (char *) p.dst,
-        p.H, (int64_t) p.T, (int64_t) p.n_kv, /*nb1*/ row, /*nb3*/ row*p.T,
-        /*nbq1*/ (size_t) D*sizeof(float), nbq2, /*nbq3*/ nbq2*p.T, nbk2, /*nbk3*/ nbk2*p.n_kv,
-        /*nbw1*/ (size_t) p.H*sizeof(float), /*nbw3*/ (size_t) p.H*p.T*sizeof(float),
-        /*nbm1*/ row, /*nbm3*/ row*p.T, /*nem3*/ 1, p.w_scale, kiter);
-    CK(cudaGetLastError());
+    lip_launch_patch<D, TK>(dsa_lightning_indexer_tc_kernel<D, TK, float>, grid, DSA_LIT_WARPS*32, smem, p, st, kiter);
 }
 
 // ------------------------------------------------------------------ the patch's FP32 prefill kernel (its header)
 template <int D, int TPB, typename TK>
 static void li_launch_tpb(const lip_params & p, cudaStream_t st) {
-    const size_t smem = dsa_lightning_indexer_smem(TPB, p.H, D);
     const dim3 grid((p.n_kv + DSA_LI_THREADS - 1)/DSA_LI_THREADS, (p.T + TPB - 1)/TPB, 1);
-    const size_t nbq2 = (size_t) p.H*D*sizeof(float), nbk2 = (size_t) D*sizeof(TK), row = (size_t) p.n_kv*sizeof(float);
-    dsa_lightning_indexer_kernel<D, TPB, TK, float><<<grid, DSA_LI_THREADS, smem, st>>>(
-        (const char *) p.q, (const char *) p.k, (const char *) p.w, (const char *) p.m, (char *) p.dst,
-        p.H, (int64_t) p.T, (int64_t) p.n_kv,
-        /*nb1*/ row, /*nb3*/ row*p.T,
-        /*nbq1*/ (size_t) D*sizeof(float), nbq2, /*nbq3*/ nbq2*p.T,
-        nbk2, /*nbk3*/ nbk2*p.n_kv,
-        /*nbw1*/ (size_t) p.H*sizeof(float), /*nbw3*/ (size_t) p.H*p.T*sizeof(float),
-        /*nbm1*/ row, /*nbm3*/ row*p.T, /*nem3*/ 1, p.w_scale);
-    CK(cudaGetLastError()); // a launch over the shared-memory bound fails here, not as a wrong score later
+    lip_launch_patch<D, TK>(dsa_lightning_indexer_kernel<D, TPB, TK, float>, grid, DSA_LI_THREADS,
+                            dsa_lightning_indexer_smem(TPB, p.H, D), p, st);
 }
 
-// tokens per block as the patch's dsa_lightning_indexer_tpb picks them: the largest of 32 / 16 / 8 whose q + w fit
-// DSA_LI_SMEM_MAX (a launch over that bound fails: D 128 with H 4 or D 64 with H 8 at 32 tokens)
-static int li_tpb(const lip_params & p, int D) {
-    if (p.T > 16 && dsa_lightning_indexer_smem(32, p.H, D) <= DSA_LI_SMEM_MAX) return 32;
-    if (p.T >  8 && dsa_lightning_indexer_smem(16, p.H, D) <= DSA_LI_SMEM_MAX) return 16;
-    if (p.T >  1 && dsa_lightning_indexer_smem( 8, p.H, D) <= DSA_LI_SMEM_MAX) return 8;
-    return 1;
-}
-
+// tokens per block as the patch picks them (dsa_lightning_indexer_tpb_of)
 template <int D, typename TK>
 static void li_launch(const lip_params & p, cudaStream_t st) {
-    switch (li_tpb(p, D)) {
+    switch (dsa_lightning_indexer_tpb_of(p.T, p.H, D)) {
         case 32: li_launch_tpb<D, 32, TK>(p, st); break;
         case 16: li_launch_tpb<D, 16, TK>(p, st); break;
         case  8: li_launch_tpb<D,  8, TK>(p, st); break;
