@@ -12,8 +12,7 @@
 // first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
 // Where the one-kernel select applies (topk_radix_persist: all of a call's blocks resident at once, e.g. decode rows),
 // it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
-// (columns 1kern_us, 1kern_graph). For several rows (prefill) a prototype of faster hist / gather kernels (below; not
-// in the patch yet) is checked the same way and timed (column proto_us).
+// (columns 1kern_us, 1kern_graph).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
@@ -124,134 +123,9 @@ struct OldPath {
     }
 };
 
-// ---------------------------------------------------------------- prototype for prefill rows (not in the patch yet)
-// The three-kernel select is what prefill ubatches take (512 rows, one block per row): 512 us per layer for 512 rows of
-// 64K on the H200 (docs/RESULTS.md §4j), ~6x the bytes' time. Two suspects, both changed here with the same result:
-//  - hist: one load per thread per step, each followed by the shared-memory count: few loads in flight. Batched: 8
-//    loads first, then 8 counts (a histogram does not depend on the order).
-//  - gather: two block-wide scans (4 __syncthreads) per 256 columns, 512 of them for a 64K row. Runs: each thread
-//    takes a contiguous run of the chunk, counts its keys above / equal to the threshold (8 loads in flight), ONE
-//    block-wide scan gives its output offset, and it writes its run's picks in column order: the same positions.
-// collect is the header's. proto_launch = memset + hist (batched) + collect + gather (runs).
-#define PROTO_U 8
-static __global__ void __launch_bounds__(TOPK_RADIX_BLOCK) proto_hist_batched(
-        const float * src, topk_radix_row_state * states, int * hist, const int ncols, const int chunk, const int bpr,
-        const int k) {
-    constexpr int NT = TOPK_RADIX_BLOCK;
-    constexpr int shift = 32 - TOPK_RADIX_HI_BITS;
-    const int row = blockIdx.x / bpr, rb = blockIdx.x % bpr, tid = threadIdx.x;
-    __shared__ int sh_hist[TOPK_RADIX_HI_BINS];
-    __shared__ int warp_sums[NT / 32];
-    __shared__ bool is_last;
-    for (int i = tid; i < TOPK_RADIX_HI_BINS; i += NT) sh_hist[i] = 0;
-    __syncthreads();
-    const float * row_src = src + (size_t) row * ncols;
-    const int begin = rb * chunk, end = min(begin + chunk, ncols);
-    for (int base = begin; base < end; base += NT * PROTO_U) { // uniform trip count (warp intrinsics)
-        uint32_t d[PROTO_U];
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) {
-            const int col = base + u * NT + tid;
-            d[u] = col < end ? topk_radix_key(row_src[col]) >> shift : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) {
-            const bool in = base + u * NT + tid < end;
-            topk_radix_count_digit(sh_hist, in ? (int) d[u] : -1, in);
-        }
-    }
-    __syncthreads();
-    int * row_hist = hist + (size_t) row * TOPK_RADIX_HI_BINS;
-    for (int i = tid; i < TOPK_RADIX_HI_BINS; i += NT) {
-        if (sh_hist[i] != 0) atomicAdd(&row_hist[i], sh_hist[i]);
-    }
-    topk_radix_row_state * st = states + row;
-    if (!topk_radix_last_block(st, bpr, &is_last)) return;
-    topk_radix_pick_bin<NT>(st, row_hist, k, warp_sums);
-}
-
-// f(column, masked key) for the columns c0 .. c1-1 of a row, in order, PROTO_U loads in flight
-template <typename F>
-static __device__ __forceinline__ void proto_for_each_key(const float * row_src, const int c0, const int c1,
-                                                          const uint32_t mask, F && f) {
-    for (int c = c0; c < c1; c += PROTO_U) {
-        float v[PROTO_U];
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) v[u] = c + u < c1 ? row_src[c + u] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < PROTO_U; ++u) {
-            if (c + u < c1) f(c + u, topk_radix_key(v[u]) & mask);
-        }
-    }
-}
-
-static __global__ void __launch_bounds__(TOPK_RADIX_BLOCK) proto_gather_runs(
-        const float * src, const topk_radix_row_state * states, const int2 * counts, int * dst, const int ncols,
-        const int chunk, const int bpr, const int k) {
-    constexpr int NT = TOPK_RADIX_BLOCK;
-    const int row = blockIdx.x / bpr, rb = blockIdx.x % bpr, tid = threadIdx.x;
-    const int lane = tid % 32, warp = tid / 32;
-    __shared__ int2 warp_c[NT / 32];
-    const uint32_t prefix = states[row].prefix;
-    const uint32_t mask   = states[row].mask;
-    const int      rank   = k - states[row].consumed;
-    const int2 before = topk_radix_block_sum2(tid < rb ? counts[(size_t) row * bpr + tid] : make_int2(0, 0), warp_c);
-    const int2 own = counts[(size_t) row * bpr + rb];
-    if (own.x == 0 && (own.y == 0 || before.y >= rank)) return; // uniform
-    const float * row_src = src + (size_t) row * ncols;
-    int * row_dst = dst + (size_t) row * k;
-    const int begin = rb * chunk, end = min(begin + chunk, ncols);
-    const int per = (end - begin + NT - 1) / NT;
-    const int c0 = min(begin + tid * per, end), c1 = min(c0 + per, end);
-    int2 mine = make_int2(0, 0); // keys above / equal to the threshold in [c0, c1)
-    proto_for_each_key(row_src, c0, c1, mask, [&](int, uint32_t key) {
-        mine.x += key > prefix;
-        mine.y += key == prefix;
-    });
-    // exclusive scan of mine over the block, in thread order (= column order of the runs)
-    int2 incl = mine;
-    for (int off = 1; off < 32; off *= 2) {
-        const int x = __shfl_up_sync(0xffffffffu, incl.x, off), y = __shfl_up_sync(0xffffffffu, incl.y, off);
-        if (lane >= off) { incl.x += x; incl.y += y; }
-    }
-    __syncthreads(); // warp_c is reused
-    if (lane == 31) warp_c[warp] = incl;
-    __syncthreads();
-    int2 excl = make_int2(incl.x - mine.x, incl.y - mine.y);
-    for (int w = 0; w < warp; ++w) { excl.x += warp_c[w].x; excl.y += warp_c[w].y; }
-    int eq_seen = before.y + excl.y;                      // equal keys before c0 in the row
-    int out     = before.x + excl.x + min(eq_seen, rank); // picks before c0
-    if (mine.x == 0 && (mine.y == 0 || eq_seen >= rank)) return;
-    proto_for_each_key(row_src, c0, c1, mask, [&](int col, uint32_t key) { // the run's picks, in column order
-        if (key > prefix) {
-            row_dst[out++] = col;
-        } else if (key == prefix) {
-            if (eq_seen < rank) row_dst[out++] = col;
-            ++eq_seen;
-        }
-    });
-}
-
-static cudaError_t proto_launch(const float * src, int * dst, const int ncols, const int nrows, const int k,
-                                const int bpr_in, void * scratch, cudaStream_t s) {
-    const int chunk = (ncols + bpr_in - 1) / bpr_in;
-    const int bpr   = (ncols + chunk - 1) / chunk;
-    cudaError_t err = cudaMemsetAsync(scratch, 0, topk_radix_zero_bytes(nrows), s);
-    if (err != cudaSuccess) return err;
-    topk_radix_row_state * states = topk_radix_states(scratch);
-    int * hist = topk_radix_hists(scratch, nrows);
-    int2 * counts = (int2 *) (hist + (size_t) nrows * TOPK_RADIX_HI_BINS);
-    uint2 * cand = (uint2 *) (counts + (size_t) nrows * bpr_in);
-    const unsigned nb = (unsigned) nrows * (unsigned) bpr;
-    proto_hist_batched<<<nb, TOPK_RADIX_BLOCK, 0, s>>>(src, states, hist, ncols, chunk, bpr, k);
-    topk_radix_collect<<<nb, TOPK_RADIX_BLOCK, 0, s>>>(src, states, counts, cand, ncols, chunk, bpr, k);
-    proto_gather_runs<<<nb, TOPK_RADIX_BLOCK, 0, s>>>(src, states, counts, dst, ncols, chunk, bpr, k);
-    return cudaGetLastError();
-}
-
 static int nsm_global = 0;
 
-struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us, proto_us; bool persist; };
+struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; };
 
 static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
     std::vector<float> h;
@@ -307,7 +181,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         return check(what_graph) && ok;
     };
 
-    Result res{true, 0, 0, 0, 0, 0, 0, false};
+    Result res{true, 0, 0, 0, 0, 0, false};
     auto run_new = [&] { CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s)); };
     cudaGraph_t g; cudaGraphExec_t ge;
     res.ok = check_stream_and_graph("stream", "graph", run_new, &g, &ge);
@@ -324,13 +198,6 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         res.ok = check_stream_and_graph("persist", "persist graph", run_persist, &pg, &pge) && res.ok;
     }
 
-    // the prefill prototype (several rows): same checks
-    cudaGraph_t xg = nullptr; cudaGraphExec_t xge = nullptr;
-    auto run_proto = [&] { CK(proto_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s)); };
-    if (nrows > 1) {
-        res.ok = check_stream_and_graph("proto", "proto graph", run_proto, &xg, &xge) && res.ok;
-    }
-
     if (timing) {   // no warm-up: every path has run above
         const int reps = nrows == 1 ? 200 : 10;
         res.new_us   = time_us(s, 0, reps, run_new);
@@ -339,16 +206,12 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
             res.persist_us = time_us(s, 0, reps, run_persist);
             res.pgraph_us  = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(pge, s)); });
         }
-        if (nrows > 1) {
-            res.proto_us = time_us(s, 0, reps, run_proto);
-        }
         OldPath old(ncols, nrows, k);
         old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
         res.old_us = time_us(s, 0, reps, [&] { old.run(d_src, d_dst, s); });
     }
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     if (pge) { CK(cudaGraphExecDestroy(pge)); CK(cudaGraphDestroy(pg)); }
-    if (xge) { CK(cudaGraphExecDestroy(xge)); CK(cudaGraphDestroy(xg)); }
     if (d_pscr) CK(cudaFree(d_pscr));
     CK(cudaStreamDestroy(s));
     CK(cudaFree(d_src)); CK(cudaFree(d_dst)); CK(cudaFree(d_scr));
@@ -377,17 +240,17 @@ int main(int argc, char ** argv) {
         all_ok &= r.ok;
     }
 
-    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us", "new_us",
-           "graph_us", "speedup", "1kern_us", "1kern_graph", "proto_us");
+    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us", "new_us",
+           "graph_us", "speedup", "1kern_us", "1kern_graph");
     std::vector<int> cols = quick ? std::vector<int>{4096, 65536} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
     for (Kind kind : {DSA, GAUSS, TIES}) {
         for (int nrows : {1, 512}) {
             for (int ncols : cols) {
                 if (kind != DSA && (ncols == 16384 || ncols == 32768)) continue;
                 Result r = run_case(ncols, nrows, 2048, kind, true);
-                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f %12.1f\n", kind_name(kind), ncols, nrows,
+                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f\n", kind_name(kind), ncols, nrows,
                        2048, r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us, r.persist_us,
-                       r.pgraph_us, r.proto_us);
+                       r.pgraph_us);
                 fflush(stdout);
                 all_ok &= r.ok;
             }
