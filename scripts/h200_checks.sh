@@ -39,9 +39,10 @@
 #             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
 #             (lid) the earlier decode kernel, with timings                                          (issue 6)
 #   lidcheck  the lid check alone                                                                      (issue 6)
-#   lipcheck  scripts/cuda/lip_check.cu: two tensor-core prefill indexers (prototypes, not in the patch: tc = relu and
-#             weight through shared memory per head; tc2 = the |.| identity, in registers) vs the patch's FP32 prefill
-#             kernel: error and top-2048 overlap against a CPU reference, timing hot and cold       (issue 6)
+#   lipcheck  scripts/cuda/lip_check.cu: two tensor-core prefill indexers (tc = a prototype with relu and weight
+#             through shared memory per head; tc2 = the patch's opt-in kernel, LLAMA_DSA_PREFILL_TC=1, the |.| identity
+#             in registers) vs the patch's FP32 prefill kernel: error and top-2048 overlap against a CPU reference,
+#             timing hot and cold                                                                      (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE); PROF_PREFILL=1:
@@ -67,6 +68,8 @@ MODEL=$SHARED/models/ref-llama-27m
 CALIB=$SHARED/data/calib/books-calib.txt
 dsa() { python3 -m dsa_convert.cli "$@"; }
 stamp() { echo "== $(date -u +%FT%TZ) $*"; }
+# a synthetic Q4_K_M file of a model shape (scripts/make_synth_gguf.py) unless it exists: synth FILE SHAPE [OPTIONS]
+synth() { [ -f "$1" ] || python3 scripts/make_synth_gguf.py "$1" --shape "$2" --outtype q4_k_m --quiet "${@:3}"; }
 # one scripts/cuda/run_cuda_check.sh check: its log in $WORK/NAME_check.log, the last LINES lines shown, its status
 cuda_check() {
   local rc=0
@@ -109,8 +112,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     [ -f "$WORK/ref-f32.gguf" ] || dsa convert "$MODEL" "$WORK/ref-f32.gguf" --outtype f32 --json > /dev/null
     python3 scripts/verify_dsa_patch.py "$WORK/ref-f32.gguf" --n-gpu-layers 99 | tee "$WORK/decode.txt" ;;
   bench)
-    [ -f "$WORK/synth-1b-q4_k_m.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-q4_k_m.gguf" \
-      --shape llama-3.2-1b --outtype q4_k_m --quiet
+    synth "$WORK/synth-1b-q4_k_m.gguf" llama-3.2-1b
     dsa bench "$WORK/synth-1b-q4_k_m.gguf" --ctx "${BENCH_CTX:-4096,16384,32768}" --gen 32 --no-flash-attn \
       --n-gpu-layers 999 --jsonl "${BENCH_JSONL:-$WORK/bench.jsonl}" --json > "$WORK/bench.json" || true
     cat "${BENCH_JSONL:-$WORK/bench.jsonl}" ;;
@@ -119,8 +121,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
       --ctx 2048 --chunks 4 --n-gpu-layers 99 --ref-device cuda ${ASQ_ARGS:-} --json "$WORK/kv.json" > "$WORK/kv.md"
     cat "$WORK/kv.md" ;;
   asqspeed)
-    [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
-      --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    synth "$WORK/synth-1b-asq.gguf" llama-3.2-1b --asq 64
     # asq also without the decode path's in-place attention op over the ASQ cache (LLAMA_DSA_FUSED_ASQ=0: decode
     # the picks into F32 + flash attention), in the same sweep (--variant)
     for kv in q4_0 asq; do
@@ -129,13 +130,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     done
     cat "$WORK/asqspeed.jsonl" ;;
   speed)
-    [ -f "$WORK/synth-1b-asq.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-1b-asq.gguf" \
-      --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    synth "$WORK/synth-1b-asq.gguf" llama-3.2-1b --asq 64
     files=("$WORK/synth-1b-asq.gguf")
     [ "${SPEED_8B:-0}" = only ] && files=()
     if [ "${SPEED_8B:-0}" != 0 ]; then
-      [ -f "$WORK/synth-8b.gguf" ] || python3 scripts/make_synth_gguf.py "$WORK/synth-8b.gguf" --shape llama-3.1-8b \
-        --outtype q4_k_m --quiet
+      synth "$WORK/synth-8b.gguf" llama-3.1-8b
       files+=("$WORK/synth-8b.gguf")
     fi
     for f in "${files[@]}"; do
@@ -151,7 +150,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   licheck)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o "$WORK/li_check" \
       && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
-  lipcheck) cuda_check lip 20 ;; # prototype tensor-core prefill indexer (not in the patch yet) vs the FP32 kernel
+  lipcheck) cuda_check lip 20 ;; # the tensor-core prefill indexers (a prototype, the patch's opt-in) vs the FP32 one
   lidcheck) cuda_check lid 30 ;; # the decode lightning indexer alone (also part of cudachecks)
   cudachecks)
     rc=0
@@ -159,7 +158,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     [ $rc -eq 0 ] || exit $rc ;;
   profile)
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
-    [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    synth "$f" llama-3.2-1b --asq 64
     c=${PROF_CTX:-32768}
     python3 scripts/profile_decode.py "$f" --ctx $c --gen 16 --kv ${PROF_KV:-f16} | tee "$WORK/profile-wall-$c.json"
     if [ -n "${PROF_PREFILL:-}" ]; then   # one prefill ubatch (the last 512 tokens of the context), PROF_PREFILL_ATTN
@@ -190,7 +189,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     # concurrent CUDA streams (GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1: the indexer's branch on its own stream)
     # leave every decode's logits bit-identical; a failure ends the script with its status, as decodecheck's does
     f=${STREAMS_FILE:-$WORK/synth-1b-asq.gguf}
-    [ -f "$f" ] || python3 scripts/make_synth_gguf.py "$f" --shape llama-3.2-1b --outtype q4_k_m --asq 64 --quiet
+    synth "$f" llama-3.2-1b --asq 64
     python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 | tee "$WORK/streams.txt"
     rc=${PIPESTATUS[0]}; [ $rc -eq 0 ] || exit $rc ;;
   decodecheck)
