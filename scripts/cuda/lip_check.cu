@@ -13,7 +13,12 @@
 //
 // The check: a double-precision CPU reference on sampled (token, cell) pairs (relative error against the row's score
 // scale), and for sampled rows the overlap of the top-k (k 2048) with the reference's top-k (F16 inputs move scores by
-// ~1e-3 relative, so picks near the threshold may change); the FP32 kernel is run on the same inputs for the same two
+// ~1e-3 relative, so picks near the threshold may change). The overlap counts a pick as right when its reference score
+// reaches the reference's k-th score (within 1e-6 of the row scale): cells that tie there are interchangeable. A token
+// whose head weights are all negative has its highest score, exactly 0, at every cell where each head's q.k <= 0
+// (about 1/2^H of the cells); tc2's identity returns those zeros as rounding noise of either sign, so which of the tied
+// cells it picks is arbitrary, as it is for any top-k among ties (an exact-overlap count gave 0.21-0.57 there, RESULTS
+// §4l). Both counts are printed; the bound applies to the tie-aware one. NaN scores count as misses. The FP32 kernel is run on the same inputs for the same two
 // measures and all three are timed (back to back and with a cold L2). The patch's kernels come from its headers
 // (scripts/cuda/run_cuda_check.sh lip extracts them).
 //
@@ -219,7 +224,7 @@ static void li_launch(const lip_params & p, cudaStream_t st) {
 static float to_f(float x) { return x; }
 static float to_f(__half x) { return __half2float(x); }
 
-struct Measure { double rel_err = 0, min_overlap = 1; };
+struct Measure { double rel_err = 0, min_overlap = 1, min_exact = 1; int n_nan = 0; };
 
 // sampled (token, cell) errors against the double reference, and top-K overlap on sampled rows
 template <typename TK>
@@ -245,6 +250,7 @@ static Measure measure(const std::vector<float> & out, const std::vector<float> 
             if (i % 61 == 0) { ss += ref[i]*ref[i]; ++n; }
         }
         const double scale = std::sqrt(ss/std::max(1, n)) + 1e-6;
+        for (int i = 0; i < N; ++i) r.n_nan += std::isnan(out[(size_t) t*N + i]);
         for (int i = 0; i < N; i += 13) {
             const double mm = m[(size_t) t*N + i];
             if (!std::isfinite(mm) || std::fabs(mm) > 1e4) continue;
@@ -259,12 +265,18 @@ static Measure measure(const std::vector<float> & out, const std::vector<float> 
         const int kk = std::min(K, n_vis);
         if (kk == 0) continue;
         std::nth_element(a.begin(), a.begin() + kk, a.end(), [&](int x, int y) { return full_ref(x) > full_ref(y); });
-        std::nth_element(b.begin(), b.begin() + kk, b.end(), [&](int x, int y) { return out[(size_t) t*N + x] > out[(size_t) t*N + y]; });
+        auto out_key = [&](int i) { const float v = out[(size_t) t*N + i]; return std::isnan(v) ? -INFINITY : v; };
+        std::nth_element(b.begin(), b.begin() + kk, b.end(), [&](int x, int y) { return out_key(x) > out_key(y); });
         std::vector<char> in(N, 0);
-        for (int j = 0; j < kk; ++j) in[a[j]] = 1;
-        int common = 0;
-        for (int j = 0; j < kk; ++j) common += in[b[j]];
-        r.min_overlap = std::min(r.min_overlap, (double) common/kk);
+        double kth = INFINITY; // the reference's k-th score
+        for (int j = 0; j < kk; ++j) { in[a[j]] = 1; kth = std::min(kth, full_ref(a[j])); }
+        int common = 0, good = 0;
+        for (int j = 0; j < kk; ++j) {
+            common += in[b[j]];
+            good   += !std::isnan(out[(size_t) t*N + b[j]]) && full_ref(b[j]) >= kth - 1e-6*scale;
+        }
+        r.min_exact   = std::min(r.min_exact, (double) common/kk);
+        r.min_overlap = std::min(r.min_overlap, (double) good/kk);
     }
     return r;
 }
@@ -307,10 +319,11 @@ static int run(int H, int T, int N, int nsm, bool timing) {
     const Measure m1 = measure(o1, q, k, w, m, D, H, T, N, w_scale, 2048);
     const Measure m2 = measure(o2, q, k, w, m, D, H, T, N, w_scale, 2048);
     const bool ok = m0.rel_err < 1e-4 && m1.rel_err < 2e-2 && m1.min_overlap >= 0.97 &&
-                    m2.rel_err < 2e-2 && m2.min_overlap >= 0.97;
-    printf("D %3d H %2d T %3d n_kv %6d K %s | fp32: err %.1e top-2048 overlap %.4f | tc: err %.1e overlap %.4f"
-           " | tc2: err %.1e overlap %.4f %s", D, H, T, N, sizeof(TK) == 4 ? "f32" : "f16", m0.rel_err, m0.min_overlap,
-           m1.rel_err, m1.min_overlap, m2.rel_err, m2.min_overlap, ok ? "OK" : "FAIL");
+                    m2.rel_err < 2e-2 && m2.min_overlap >= 0.97 && m0.n_nan + m1.n_nan + m2.n_nan == 0;
+    printf("D %3d H %2d T %3d n_kv %6d K %s | fp32: err %.1e top-2048 overlap %.4f | tc: err %.1e overlap %.4f (exact"
+           " %.4f) | tc2: err %.1e overlap %.4f (exact %.4f) nan %d %s", D, H, T, N, sizeof(TK) == 4 ? "f32" : "f16",
+           m0.rel_err, m0.min_overlap, m1.rel_err, m1.min_overlap, m1.min_exact, m2.rel_err, m2.min_overlap,
+           m2.min_exact, m0.n_nan + m1.n_nan + m2.n_nan, ok ? "OK" : "FAIL");
     if (timing) {
         const double f0 = time_us(st, 3, 20, run_fp32), f1 = time_us(st, 3, 20, run_tc), f2 = time_us(st, 3, 20, run_tc2);
         const double c0 = time_us_cold(st, 1, 10, run_fp32), c1 = time_us_cold(st, 1, 10, run_tc);

@@ -9,6 +9,8 @@
 // llama.cpp K/V view (cell stride > row size). Then times the 1B / 8B decode shapes (2048 picks, 32K cells).
 // ASQ caches (decoded in the kernel, pre-RoPE keys rotated there): NORM / NEOX, partial RoPE, YaRN, freq factors,
 // 4 / 8 bits, and the 1B / 8B decode shapes' timing.
+// The score-first kernel (dsa_sattn_partial_sf, the patch's opt-in LLAMA_DSA_SATTN_SF=1) runs beside the default one
+// wherever it applies (F16/F32 rows of <= 256 bytes, GQA 1/2/4/8), on the same inputs, bounds and timings.
 // Exit status 0 iff every case is within 2e-5 (ASQ: 1e-4) relative (of the output row's max |value|).
 #include "check_common.cuh"
 #include "dsa-sparse-attn-kernels.cuh"
@@ -152,24 +154,46 @@ static bool run_case(const Case & c, bool timing) {
     void * dm = c.mask_f16 ? (void *) upload(mask16) : (void *) upload(mask);
     float * dd; CK(cudaMalloc(&dd, ref.size()*4));
     const int n_split = dsa_sattn_n_split(c.n_top, nhk, n_tok, n_sm());
-    void * scratch; CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, n_split)));
+    const int n_split_sf = dsa_sattn_n_split_sf(c.n_top);
+    void * scratch; CK(cudaMalloc(&scratch, dsa_sattn_scratch_bytes(D, nh, n_tok, std::max(n_split, n_split_sf))));
 
     dsa_sattn_params p = base_params(dq, dk, dv, dm, di, dd, D, nh, nhk, c.n_tps, n_tok, c.n_top, c.n_kv, scale, c.mask_f16);
     p.k_nb1 = p.v_nb1 = (size_t) D*sizeof(T); p.k_nb2 = p.v_nb2 = cell*sizeof(T); p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell*sizeof(T);
-    auto launch = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
+    // the score-first kernel (the patch's opt-in LLAMA_DSA_SATTN_SF=1) where it applies, checked and timed beside
+    const bool sf = dsa_sattn_sf_applies(D, nh/nhk, sizeof(T), c.n_top, (uintptr_t) dk, (uintptr_t) dv, p.k_nb1, p.k_nb2,
+                                         p.k_nb3, p.v_nb1, p.v_nb2, p.v_nb3);
+    dsa_sattn_params p_sf = p;
+    p_sf.score_first = true;
+    auto launch    = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
+    auto launch_sf = [&]() { return dsa_sattn_launch<T>(p_sf, D, n_split_sf, scratch, 0); };
+    auto all_masked = [&](int r) { return n_tok > 1 && r / nh == 1; }; // token 1: every pick masked
     CK(launch());
     CK(cudaDeviceSynchronize());
-    const double worst = max_row_err(dd, ref, D, [&](int r) { return n_tok > 1 && r / nh == 1; }); // token 1: all masked
-    const bool ok = worst < 2e-5 && std::isfinite(worst);
-    printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e %s",
-           c.name, D, nh, nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split,
-           worst, ok ? "OK" : "FAIL");
+    const double worst = max_row_err(dd, ref, D, all_masked);
+    double worst_sf = 0;
+    if (sf) {
+        CK(cudaMemset(dd, 0xff, ref.size()*4)); // NaN: the second form must write every output
+        CK(launch_sf());
+        CK(cudaDeviceSynchronize());
+        worst_sf = max_row_err(dd, ref, D, all_masked);
+    }
+    const bool ok = worst < 2e-5 && std::isfinite(worst) && worst_sf < 2e-5 && std::isfinite(worst_sf);
+    printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e", c.name, D, nh,
+           nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split, worst);
+    if (sf) {
+        printf(" | score-first split %2d: %.2e", n_split_sf, worst_sf);
+    }
+    printf(" %s", ok ? "OK" : "FAIL");
     if (timing) {
         const double us = time_us(0, 20, 200, [&] { CK(launch()); });
         const double us_cold = time_us_cold(0, 2, 50, [&] { CK(launch()); });
         const double bytes = (double) n_tok*nhk*c.n_top*2.0*D*sizeof(T);
         printf("  | %.2f us/call (K/V picks %.2f MB, %.0f GB/s); L2 cold %.2f us", us, bytes/1e6, bytes/(1e-6*us)/1e9,
                us_cold);
+        if (sf) {
+            printf(" | score-first %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(launch_sf()); }),
+                   time_us_cold(0, 2, 50, [&] { CK(launch_sf()); }));
+        }
     }
     printf("\n");
     for (void * ptr : {(void *) dq, (void *) dk, (void *) dv, dm, (void *) di, (void *) dd, scratch}) cudaFree(ptr);
