@@ -26,17 +26,15 @@
 #   TMAX (environment, default 400): the time limit of a plain h200_checks step; a cold CUDA build took 291-400+ s
 #                              (docs/RESULTS.md section 4k), so give `build` more: exp:TMAX=540 build exp:TMAX=400
 #
-# The next round's first call (RESULTS section 4k, "Next"): the concurrent-streams check, then its A/B at 64K
-#   STEPS="exp:TMAX=540 build exp:TMAX=300 synthbg wait streams bench1b=--ctx,65536,--seed,1
-#          exp:GGML_CUDA_GRAPH_OPT=1 exp:LLAMA_DSA_STREAMS=1 exp:LLAMA_DSA_STREAMS_LOG=1 bench1b=--ctx,65536,--seed,2
-#          exp:GGML_CUDA_GRAPH_OPT=0 exp:LLAMA_DSA_STREAMS=0 bench1b=--ctx,65536,--seed,3
-#          exp:GGML_CUDA_GRAPH_OPT=1 exp:LLAMA_DSA_STREAMS=1 bench1b=--ctx,65536,--seed,4
-#          exp:GGML_CUDA_GRAPH_OPT=0 exp:LLAMA_DSA_STREAMS=0
-#          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_PREFILL_TC=1,--variant,LLAMA_DSA_GATHER_MAX_TOKENS=512"
-#   with bg:lipcheck during the build (the opt-in tensor-core prefill indexer against the FP32 kernel); a PPL run with
-#   LLAMA_DSA_PREFILL_TC=1 (exp:LLAMA_DSA_PREFILL_TC=1 exp:ASQ_ARGS=--kv,f16 asq) before it could become a default;
-#   and where the 64K prefill's time goes (about half the sparse-over-dense gap is not attributed, RESULTS §4k):
-#   exp:PROF_CTX=65536 exp:PROF_ATTN=none exp:PROF_PREFILL=1 exp:PROF_PREFILL_ATTN=sparse,dense profile
+# The next round's first call (RESULTS section 4l, "Next"): the kernel checks during the build (the score-first sparse
+# attention, the combine and decode-indexer changes), then the opt-in kernels inside the model, then their A/B at 64K
+#   STEPS="bg:cudachecks exp:TMAX=540 build exp:TMAX=300 synthbg wait exp:DC_PREFILL=1100
+#          exp:LLAMA_DSA_SATTN_SF=1 decodecheck exp:LLAMA_DSA_SATTN_SF=0 exp:LLAMA_DSA_PREFILL_TC=1 decodecheck
+#          exp:LLAMA_DSA_PREFILL_TC=0 waitbg
+#          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_SATTN_SF=1,--variant,LLAMA_DSA_SATTN_SF=0,--variant,LLAMA_DSA_SATTN_SF=1"
+#   (each plain step's output is r/STEP.N.out, N counting the plain steps), then, warm:
+#   8B and 1B at 128K with LLAMA_DSA_SATTN_SF=1 (and GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1 as a second variant).
+#   If the checks pass, the score-first kernel and the tensor-core prefill indexer can become the defaults.
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
@@ -68,6 +66,7 @@ for s in ${STEPS:-}; do
     args=$(echo "${s#*=}" | tr , ' '); tag=$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
     timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" $args --gen 32 --flash-attn --n-gpu-layers 999 --force \
       --jsonl "$W/bench-$tag.jsonl" > "$R/bench-$tag.out" 2>&1; echo "rc $?"; cut -c1-500 "$W/bench-$tag.jsonl" ;;
-  *) timeout "$(rem "${TMAX:-400}")" $H "$s" > "$R/$s.out" 2>&1; echo "rc $?"; tail -3 "$R/$s.out" ;;
+  *) n_plain=$(( ${n_plain:-0} + 1 )); o="$R/$s.$n_plain.out" # numbered: a step may run twice (other exp: values)
+     timeout "$(rem "${TMAX:-400}")" $H "$s" > "$o" 2>&1; echo "rc $?"; tail -3 "$o" ;;
   esac
 done
