@@ -12,13 +12,15 @@
 // first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
 // Where the one-kernel select applies (topk_radix_persist: all of a call's blocks resident at once, e.g. decode rows),
 // it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
-// (columns 1kern_us, 1kern_graph).
+// (columns 1kern_us, 1kern_graph). Where the one-cluster select applies (top-k-radix-cluster.cuh: a candidate, not used
+// by the patch's op yet; rows up to 8 blocks of 1024 threads x 24 keys), the same (columns clus_us, clus_graph).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
 // Exit status 0 iff every check passed.
 #include "check_common.cuh"
 #include "top-k-radix-persist.cuh" // includes top-k-radix.cuh
+#include "top-k-radix-cluster.cuh" // the one-cluster candidate
 
 #include <cub/cub.cuh>
 
@@ -125,7 +127,7 @@ struct OldPath {
 
 static int nsm_global = 0;
 
-struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; };
+struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; double clus_us, cgraph_us; bool clus; };
 
 static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
     std::vector<float> h;
@@ -181,7 +183,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         return check(what_graph) && ok;
     };
 
-    Result res{true, 0, 0, 0, 0, 0, false};
+    Result res{true, 0, 0, 0, 0, 0, false, 0, 0, false};
     auto run_new = [&] { CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s)); };
     cudaGraph_t g; cudaGraphExec_t ge;
     res.ok = check_stream_and_graph("stream", "graph", run_new, &g, &ge);
@@ -198,6 +200,15 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         res.ok = check_stream_and_graph("persist", "persist graph", run_persist, &pg, &pge) && res.ok;
     }
 
+    // the one-cluster select, where it applies: same checks, stream and graph
+    int cept = 0, cblk = 0;
+    cudaGraph_t cg = nullptr; cudaGraphExec_t cge = nullptr;
+    auto run_cluster = [&] { CK(topk_radix_cluster_launch(d_src, d_dst, ncols, nrows, k, cept, cblk, s)); };
+    res.clus = topk_radix_cluster_applies(ncols, k, &cept, &cblk);
+    if (res.clus) {
+        res.ok = check_stream_and_graph("cluster", "cluster graph", run_cluster, &cg, &cge) && res.ok;
+    }
+
     if (timing) {   // no warm-up: every path has run above
         const int reps = nrows == 1 ? 200 : 10;
         res.new_us   = time_us(s, 0, reps, run_new);
@@ -206,12 +217,17 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
             res.persist_us = time_us(s, 0, reps, run_persist);
             res.pgraph_us  = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(pge, s)); });
         }
+        if (res.clus) {
+            res.clus_us   = time_us(s, 0, reps, run_cluster);
+            res.cgraph_us = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(cge, s)); });
+        }
         OldPath old(ncols, nrows, k);
         old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
         res.old_us = time_us(s, 0, reps, [&] { old.run(d_src, d_dst, s); });
     }
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     if (pge) { CK(cudaGraphExecDestroy(pge)); CK(cudaGraphDestroy(pg)); }
+    if (cge) { CK(cudaGraphExecDestroy(cge)); CK(cudaGraphDestroy(cg)); }
     if (d_pscr) CK(cudaFree(d_pscr));
     CK(cudaStreamDestroy(s));
     CK(cudaFree(d_src)); CK(cudaFree(d_dst)); CK(cudaFree(d_scr));
@@ -232,25 +248,26 @@ int main(int argc, char ** argv) {
         {70001, 5, 2048, TIES}, {131072, 1, 2048, CONST}, {33333, 9, 4000, DSA}, {2049, 1, 2048, DSA}, {2500, 600, 2048, DSA},
         {131072, 1, 2048, TIES}, {131071, 1, 1, GAUSS}, {262144, 1, 2048, DSA}, {524288, 1, 2048, DSA}, {100000, 2, 99999, GAUSS},
         {4097, 1, 4097, DSA}, {65536, 1, 2048, GAUSS},
+        {131328, 1, 2048, DSA}, {131328, 2, 2048, TIES}, {65536, 3, 2048, TIES}, {3000, 1, 3000, CONST}, {7000, 2, 5, DSA},
     };
     for (const E & e : edges) {
         Result r = run_case(e.ncols, e.nrows, e.k, e.kind, false);
-        printf("edge  ncols=%6d nrows=%3d k=%5d %-5s : %s%s\n", e.ncols, e.nrows, e.k, kind_name(e.kind), r.ok ? "ok" : "FAIL",
-               r.persist ? " (3-kernel and one-kernel)" : "");
+        printf("edge  ncols=%6d nrows=%3d k=%5d %-5s : %s%s%s\n", e.ncols, e.nrows, e.k, kind_name(e.kind), r.ok ? "ok" : "FAIL",
+               r.persist ? " (3-kernel and one-kernel)" : "", r.clus ? " (+ cluster)" : "");
         all_ok &= r.ok;
     }
 
-    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us", "new_us",
-           "graph_us", "speedup", "1kern_us", "1kern_graph");
+    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us",
+           "new_us", "graph_us", "speedup", "1kern_us", "1kern_graph", "clus_us", "clus_graph");
     std::vector<int> cols = quick ? std::vector<int>{4096, 65536} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
     for (Kind kind : {DSA, GAUSS, TIES}) {
         for (int nrows : {1, 512}) {
             for (int ncols : cols) {
                 if (kind != DSA && (ncols == 16384 || ncols == 32768)) continue;
                 Result r = run_case(ncols, nrows, 2048, kind, true);
-                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f\n", kind_name(kind), ncols, nrows,
-                       2048, r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us, r.persist_us,
-                       r.pgraph_us);
+                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f %12.1f %12.1f\n", kind_name(kind), ncols,
+                       nrows, 2048, r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us, r.persist_us,
+                       r.pgraph_us, r.clus_us, r.cgraph_us);
                 fflush(stdout);
                 all_ok &= r.ok;
             }
