@@ -6,7 +6,9 @@
 //    shared memory one 16-byte load at a time, then every FMA reading both operands from shared memory;
 //    the new kernel's scores must be BIT-EQUAL to it (same summation order), F32 and F16 keys;
 //  - a double-precision CPU reference of sum_h (w_h * w_scale) * relu(q_h . k) + mask (relative error);
-// and times both at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams: back to back (the
+// and, where it applies (key rows of <= 128 bytes: F16 keys of D <= 64, F32 of D 32), the direct-load form of the same
+// kernel (p.direct, the patch's opt-in LLAMA_DSA_LID_DIRECT=1), which must be BIT-EQUAL too;
+// and times them at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams: back to back (the
 // keys stay in L2 from call to call) and with a cold L2 (time_us_cold: as in a model, where each layer's keys come
 // from HBM).
 //
@@ -103,9 +105,10 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     std::vector<__half> mh(mf.size());
     for (size_t i = 0; i < mf.size(); ++i) mh[i] = __float2half(mf[i]);
 
-    char *dq, *dk, *dw, *dm, *d0, *d1;
+    char *dq, *dk, *dw, *dm, *d0, *d1, *d2;
     CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMalloc(&dk, k.size()*sizeof(TK))); CK(cudaMalloc(&dw, w.size()*4));
     CK(cudaMalloc(&dm, mf.size()*4)); CK(cudaMalloc(&d0, (size_t) S*N*4)); CK(cudaMalloc(&d1, (size_t) S*N*4));
+    CK(cudaMalloc(&d2, (size_t) S*N*4));
     CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dk, k.data(), k.size()*sizeof(TK), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dw, w.data(), w.size()*4, cudaMemcpyHostToDevice));
@@ -118,20 +121,29 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     p.nbq1 = (size_t) D*4; p.nbq3 = (size_t) H*D*4; p.nbk3 = (size_t) N*D*sizeof(TK); p.nbw3 = (size_t) H*4;
     p.nbm3 = (size_t) N*(mask_f16 ? 2 : 4); p.nb3 = (size_t) N*4; p.w_scale = w_scale;
     dsa_lid_params p_old = p; p_old.dst = d0;
+    dsa_lid_params p_dir = p; p_dir.dst = d2; p_dir.direct = true;
+    const bool direct = dsa_lid_direct_applies(D, sizeof(TK));
 
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_new = [&]() {
         cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p, D, S, st) : dsa_lid_launch<TK, float>(p, D, S, st);
         if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
     };
+    auto run_dir = [&]() {
+        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_dir, D, S, st) : dsa_lid_launch<TK, float>(p_dir, D, S, st);
+        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
+    };
     auto run_o = [&]() { if (mask_f16) run_old<TK, __half>(p_old, D, S, st); else run_old<TK, float>(p_old, D, S, st); };
-    CK(cudaMemset(d0, 0xff, (size_t) S*N*4)); CK(cudaMemset(d1, 0xff, (size_t) S*N*4));
-    run_o(); run_new(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
-    std::vector<float> o0((size_t) S*N), o1((size_t) S*N);
+    CK(cudaMemset(d0, 0xff, (size_t) S*N*4)); CK(cudaMemset(d1, 0xff, (size_t) S*N*4)); CK(cudaMemset(d2, 0xff, (size_t) S*N*4));
+    run_o(); run_new(); if (direct) run_dir();
+    CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+    std::vector<float> o0((size_t) S*N), o1((size_t) S*N), o2((size_t) S*N);
     CK(cudaMemcpy(o0.data(), d0, o0.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
-    const bool same = memcmp(o0.data(), o1.data(), o0.size()*4) == 0;
-    int bad = same ? 0 : 1;
+    CK(cudaMemcpy(o2.data(), d2, o2.size()*4, cudaMemcpyDeviceToHost));
+    const bool same     = memcmp(o0.data(), o1.data(), o0.size()*4) == 0;
+    const bool same_dir = !direct || memcmp(o0.data(), o2.data(), o0.size()*4) == 0;
+    int bad = (same ? 0 : 1) + (same_dir ? 0 : 1);
     double err = 0;
     for (int s = 0; s < S; ++s) for (int j = 0; j < N; j += 7) {
         double acc = 0;
@@ -155,10 +167,16 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     const float us[2] = {time_it(run_o), time_it(run_new)};
     const float cold[2] = {time_cold(run_o), time_cold(run_new)};
     const double gb = (double) S*N*(D*sizeof(TK) + (mask_f16 ? 2 : 4) + 4)/1e9;   // keys + mask read, scores written
-    printf("%-4d %-3d %-2d %-7d %-4s %-4s %9.2f %9.2f %7.2fx %8.0f | %9.2f %9.2f %8.0f | %9.2e %s\n", D, H, S, N,
+    const float us_dir   = direct ? time_it(run_dir) : 0.0f;
+    const float cold_dir = direct ? time_cold(run_dir) : 0.0f;
+    printf("%-4d %-3d %-2d %-7d %-4s %-4s %9.2f %9.2f %7.2fx %8.0f | %9.2f %9.2f %8.0f | %9.2e %s", D, H, S, N,
            sizeof(TK) == 4 ? "f32" : "f16", mask_f16 ? "f16" : "f32", us[0], us[1], us[0]/us[1], gb/(us[1]*1e-6),
            cold[0], cold[1], gb/(cold[1]*1e-6), err, same ? "bit-equal" : "NOT BIT-EQUAL");
-    CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(d0)); CK(cudaFree(d1));
+    if (direct) {
+        printf(" | direct %9.2f cold %9.2f %s", us_dir, cold_dir, same_dir ? "bit-equal" : "NOT BIT-EQUAL");
+    }
+    printf("\n");
+    CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(d0)); CK(cudaFree(d1)); CK(cudaFree(d2));
     CK(cudaStreamDestroy(st));
     return bad;
 }
