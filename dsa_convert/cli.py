@@ -308,7 +308,8 @@ def bench(
     jsonl: Optional[Path] = typer.Option(None, help="append each run's JSON object to this file as it finishes"),
     variant: list[str] = typer.Option([], "--variant", help="LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with "
                                                             "that patch switch set, in a process of its own "
-                                                            "(repeatable; docs/PATCH.md)"),
+                                                            "(repeatable; several switches joined by '+', GGML_CUDA_* "
+                                                            "names too; docs/PATCH.md)"),
     as_json: bool = typer.Option(False, "--json", help="print the list of runs as JSON"),
 ):
     """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""

@@ -131,21 +131,25 @@ def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
 def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
     """--variant LLAMA_DSA_FUSED_ATTN=0: per ctx one more sparse run with the switch set (the A/B in one run);
     the plain runs do not see it. Each variant run has a process of its own (switches the CUDA backend reads once
-    per process take effect there), the plain runs share the sweep's."""
-    monkeypatch.delenv("LLAMA_DSA_FUSED_ATTN", raising=False)
+    per process take effect there), the plain runs share the sweep's. Several switches join with '+', upstream's
+    GGML_CUDA_* ones included."""
+    for name in ("LLAMA_DSA_FUSED_ATTN", "GGML_CUDA_GRAPH_OPT"):
+        monkeypatch.delenv(name, raising=False)
+    both = "LLAMA_DSA_FUSED_ATTN=0+GGML_CUDA_GRAPH_OPT=1"
     r = run_dsa("bench", str(tiny), "--ctx", "64,128", "--gen", "2", "--threads", "1", "--n-gpu-layers", "0",
-                "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--json")
+                "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--variant", both, "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(x["ctx"], x["attn"], x["variant"]) for x in rows] == [
-        (64, "sparse", None), (64, "dense", None), (64, "sparse", "LLAMA_DSA_FUSED_ATTN=0"),
-        (128, "sparse", None), (128, "dense", None), (128, "sparse", "LLAMA_DSA_FUSED_ATTN=0")]
+        (64, "sparse", None), (64, "dense", None), (64, "sparse", "LLAMA_DSA_FUSED_ATTN=0"), (64, "sparse", both),
+        (128, "sparse", None), (128, "dense", None), (128, "sparse", "LLAMA_DSA_FUSED_ATTN=0"), (128, "sparse", both)]
     for x in rows:
         assert x["llama_env"].get("LLAMA_DSA_FUSED_ATTN") == ("0" if x["variant"] else None), x["llama_env"]
+        assert x["llama_env"].get("GGML_CUDA_GRAPH_OPT") == ("1" if x["variant"] == both else None), x["llama_env"]
     assert rows[2]["decode_tok_s"] > 0 and "indexer_share_decode_est" in rows[2]
     plain = {x["pid"] for x in rows if not x["variant"]}
     own = [x["pid"] for x in rows if x["variant"]]
-    assert len(plain) == 1 and len(set(own)) == 2 and not plain & set(own), [x["pid"] for x in rows]
+    assert len(plain) == 1 and len(set(own)) == 4 and not plain & set(own), [x["pid"] for x in rows]
 
 
 @requires_backend
@@ -168,6 +172,9 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--gen", "0"], "--gen must be > 0"),
     (["--index-keys", "q8_0"], "unknown --index-keys"),
     (["--variant", "FUSED=0"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_FUSED_ATTN=0+PATH=/tmp"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_FUSED_ATTN=0+LLAMA_DSA_FUSED_ATTN=1"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_FUSED_ATTN=0+"], "expected LLAMA_DSA_NAME=VALUE"),
     (["--variant", "LLAMA_DSA_FUSED_ATTN=0", "--attn", "dense"], "needs --attn sparse"),
 ])
 def test_bench_bad_options(tiny, tmp_path, args, needle):
@@ -285,3 +292,13 @@ def test_variant_process_module_imports_no_numpy():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True"], r.stdout
+
+
+def test_parse_variant_joins_switches_with_plus():
+    from dsa_convert.eval.bench import parse_variant
+    assert parse_variant("LLAMA_DSA_SATTN_SF=1") == {"LLAMA_DSA_SATTN_SF": "1"}
+    assert parse_variant("LLAMA_DSA_SATTN_SF=1+GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1") == {
+        "LLAMA_DSA_SATTN_SF": "1", "GGML_CUDA_GRAPH_OPT": "1", "LLAMA_DSA_STREAMS": "1"}
+    for bad in ("SATTN_SF=1", "LLAMA_DSA_SATTN_SF", "LLAMA_DSA_X=1+", "+LLAMA_DSA_X=1", "LLAMA_DSA_X=1+LLAMA_DSA_X=0",
+                "LLAMA_DSA_X=1+CUDA_VISIBLE_DEVICES=1", "llama_dsa_x=1"):
+        assert parse_variant(bad) is None, bad

@@ -22,7 +22,9 @@ of cache apply + graph build/reuse, of writing the inputs (masks, positions) and
 (`host_us_per_decode_token`; on a GPU the launch is asynchronous, on the CPU it is the whole compute). The table's
 `host µs/tok` is graph + inputs: the host work a GPU waits for before each token.
 --variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
-environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`. Each
+environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`. Several
+switches join with '+' (LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1), and upstream's GGML_CUDA_* switches are
+allowed too (GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1). Each
 variant run happens in a Python process of its own (eval/variant_proc.py, the switch set before llama.cpp loads): the CUDA
 backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_TOPK_PERSIST),
 so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
@@ -107,7 +109,16 @@ def parse_attn(spec: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-_VARIANT = re.compile(r"^(LLAMA_DSA_[A-Z0-9_]+)=(.*)$")
+_VARIANT_ITEM = re.compile(r"^((?:LLAMA_DSA|GGML_CUDA)_[A-Z0-9_]+)=([^+]*)$")
+
+
+def parse_variant(variant: str) -> dict[str, str] | None:
+    """`NAME=VALUE[+NAME=VALUE...]` (names LLAMA_DSA_* or GGML_CUDA_*) as {name: value}; None if malformed."""
+    items = [_VARIANT_ITEM.match(x) for x in variant.split("+")]
+    if not all(items):
+        return None
+    env = {m.group(1): m.group(2) for m in items}
+    return env if len(env) == len(items) else None     # a name twice: malformed
 
 
 @contextmanager
@@ -135,9 +146,9 @@ def _run_variant(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, varian
     the start; the child is stopped if this one is interrupted (Ctrl-C, SIGTERM). Not multiprocessing's spawn: its
     child imports the parent's modules (numpy) before llama.cpp, which segfaults on the H200 image
     (backend.runtime.preload_llama_cpp)."""
-    key, val = _VARIANT.match(variant).groups()
     root = str(Path(__file__).resolve().parents[2])        # the directory holding the dsa_convert package
-    env = {**os.environ, key: val, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **parse_variant(variant),
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="dsa-variant-") as td:
         result = Path(td) / "result.pkl"
         child = subprocess.Popen([sys.executable, "-m", "dsa_convert.eval.variant_proc", str(result)],
@@ -159,8 +170,9 @@ def _run_variant(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, varian
 def validate(path: Path, o: BenchOptions) -> FileInfo:
     """Every input check that needs no backend: one-line BadInputError (exit 3)."""
     for v in o.variants:
-        if not _VARIANT.match(v):
-            raise BadInputError(f"--variant: expected LLAMA_DSA_NAME=VALUE, got {v!r}")
+        if parse_variant(v) is None:
+            raise BadInputError(f"--variant: expected LLAMA_DSA_NAME=VALUE (several joined by '+'; GGML_CUDA_* names "
+                                f"too), got {v!r}")
     if o.variants and "sparse" not in o.attn:
         raise BadInputError("--variant adds sparse runs: it needs --attn sparse (or sparse,dense)")
     if not o.ctx:
