@@ -36,7 +36,7 @@
 #          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_LID_DIRECT=1,--variant,LLAMA_DSA_LID_DIRECT=0"
 #   (the top-k / indexer variants only if cudachecks' topk_check / lid_check passed with the new forms); all new forms
 #   together, against streams alone and the default, in alternating processes (`+` joins switches in one variant):
-#   bench1b=--ctx,131072,--attn,sparse,dense,--variant,LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1,
+#   bench1b=--ctx,131072,--variant,LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1,
 #          --variant,GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1+LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1
 #   (each plain step's output is r/STEP.N.out, N counting the plain steps), then, warm:
 #   8B and 1B at 128K with LLAMA_DSA_SATTN_SF=1 (and GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1 as a second variant).
