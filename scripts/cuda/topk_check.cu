@@ -12,8 +12,9 @@
 // first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
 // Where the one-kernel select applies (topk_radix_persist: all of a call's blocks resident at once, e.g. decode rows),
 // it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
-// (columns 1kern_us, 1kern_graph). Where the one-cluster select applies (top-k-radix-cluster.cuh: a candidate, not used
-// by the patch's op yet; rows up to 8 blocks of 1024 threads x 24 keys), the same (columns clus_us, clus_graph).
+// (columns 1kern_us, 1kern_graph). Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's opt-in
+// LLAMA_DSA_TOPK_CLUSTER=1; rows up to 8 blocks of 1024 threads x 24 keys, 1 or many rows), the same (columns clus_us,
+// clus_graph).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
@@ -204,7 +205,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
     int cept = 0, cblk = 0;
     cudaGraph_t cg = nullptr; cudaGraphExec_t cge = nullptr;
     auto run_cluster = [&] { CK(topk_radix_cluster_launch(d_src, d_dst, ncols, nrows, k, cept, cblk, s)); };
-    res.clus = topk_radix_cluster_applies(ncols, k, &cept, &cblk);
+    res.clus = topk_radix_cluster_applies(ncols, nrows, k, &cept, &cblk);
     if (res.clus) {
         res.ok = check_stream_and_graph("cluster", "cluster graph", run_cluster, &cg, &cge) && res.ok;
     }
