@@ -9,7 +9,9 @@
 //        computes a 16-token x 32-key piece per head and moves every head's accumulator through shared memory to
 //        apply relu and the head weight (first run: RESULTS §4k, 1.6-2.1x the FP32 kernel);
 //   tc2  the patch's opt-in kernel (dsa-lightning-indexer-tc.cuh, LLAMA_DSA_PREFILL_TC=1): relu and the weight in
-//        registers through  w relu(x) = (w x + |w+ x| - |w- x|)/2  (2H + 1 products, no per-head round trip).
+//        registers through  w relu(x) = (w x + |w+ x| - |w- x|)/2  (2H + 1 products, no per-head round trip);
+//   mma  the patch's opt-in kernel (dsa-lightning-indexer-mma.cuh, LLAMA_DSA_PREFILL_TC=2): mma.sync, whose
+//        accumulator layout is documented, so relu and the F32 weight apply per element (H products).
 //
 // The check: a double-precision CPU reference on sampled (token, cell) pairs (relative error against the row's score
 // scale), and for sampled rows the overlap of the top-k (k 2048) with the reference's top-k (F16 inputs move scores by
@@ -27,6 +29,7 @@
 #include "check_common.cuh"
 #include "dsa-lightning-indexer-prefill.cuh" // the patch's FP32 prefill kernel
 #include "dsa-lightning-indexer-tc.cuh"      // the patch's tensor-core prefill kernel (opt-in there)
+#include "dsa-lightning-indexer-mma.cuh"     // the patch's mma.sync prefill kernel (opt-in there)
 
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -187,18 +190,17 @@ static void lip_launch_patch(Kernel kernel, const dim3 grid, const int threads, 
     CK(cudaGetLastError()); // a launch over the shared-memory bound fails here, not as a wrong score later
 }
 
-// ------------------------------------------------------------------ the patch's tensor-core kernel (its header)
-// dsa-lightning-indexer-tc.cuh (LLAMA_DSA_PREFILL_TC=1): relu and the head weight in registers through
-// w relu(x) = (w x + |w+ x| - |w- x|)/2, launched as lightning-indexer.cu launches it
-template <int D, typename TK>
-static void lia_launch(const lip_params & p, int nsm, cudaStream_t st) {
-    const size_t smem = dsa_lit_smem(p.H, D);
-    CK(cudaFuncSetAttribute(dsa_lightning_indexer_tc_kernel<D, TK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int) smem));
+// ------------------------------------------------------------------ the patch's tensor-core kernels (their headers)
+// dsa-lightning-indexer-tc.cuh (LLAMA_DSA_PREFILL_TC=1: relu and the head weight in registers through
+// w relu(x) = (w x + |w+ x| - |w- x|)/2) and dsa-lightning-indexer-mma.cuh (LLAMA_DSA_PREFILL_TC=2: mma.sync), which take
+// the same arguments and launch shape, launched as lightning-indexer.cu launches them
+template <int D, typename TK, typename Kernel>
+static void lit_launch(Kernel kernel, const size_t smem, const lip_params & p, int nsm, cudaStream_t st) {
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     const int kiter = dsa_lit_kiter(p.n_kv, p.T, 1, nsm);
     const dim3 grid((unsigned) (((p.n_kv + DSA_LIT_TK - 1)/DSA_LIT_TK + kiter - 1)/kiter),
                     (unsigned) ((p.T + DSA_LIT_TT - 1)/DSA_LIT_TT), 1);
-    lip_launch_patch<D, TK>(dsa_lightning_indexer_tc_kernel<D, TK, float>, grid, DSA_LIT_WARPS*32, smem, p, st, kiter);
+    lip_launch_patch<D, TK>(kernel, grid, DSA_LIT_WARPS*32, smem, p, st, kiter);
 }
 
 // ------------------------------------------------------------------ the patch's FP32 prefill kernel (its header)
@@ -295,10 +297,10 @@ static int run(int H, int T, int N, int nsm, bool timing) {
             m[(size_t) t*N + i] = i > pt ? -INFINITY : (i < 4 || i > pt - 64) ? 1e30f : -1e-30f*(float) i;
         }
     }
-    float *dq, *dw, *dm, *d0, *d1, *d2; void * dk;
+    float *dq, *dw, *dm, *d0, *d1, *d2, *d3; void * dk;
     CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMalloc(&dk, k.size()*sizeof(TK))); CK(cudaMalloc(&dw, w.size()*4));
     CK(cudaMalloc(&dm, m.size()*4)); CK(cudaMalloc(&d0, m.size()*4)); CK(cudaMalloc(&d1, m.size()*4));
-    CK(cudaMalloc(&d2, m.size()*4));
+    CK(cudaMalloc(&d2, m.size()*4)); CK(cudaMalloc(&d3, m.size()*4));
     CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dk, k.data(), k.size()*sizeof(TK), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dw, w.data(), w.size()*4, cudaMemcpyHostToDevice));
@@ -306,33 +308,46 @@ static int run(int H, int T, int N, int nsm, bool timing) {
     lip_params p{dq, dk, dw, dm, d0, H, T, N, w_scale};
     lip_params p1 = p; p1.dst = d1;
     lip_params p2 = p; p2.dst = d2;
+    lip_params p3 = p; p3.dst = d3;
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_fp32 = [&] { li_launch<D, TK>(p, st); };
     auto run_tc   = [&] { lip_launch<D, TK>(p1, nsm, st); };
-    auto run_tc2  = [&] { lia_launch<D, TK>(p2, nsm, st); };
-    run_fp32(); run_tc(); run_tc2(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
-    std::vector<float> o0(m.size()), o1(m.size()), o2(m.size());
+    auto run_tc2  = [&] {
+        lit_launch<D, TK>(dsa_lightning_indexer_tc_kernel<D, TK, float>, dsa_lit_smem(H, D), p2, nsm, st);
+    };
+    auto run_mma  = [&] {
+        lit_launch<D, TK>(dsa_lightning_indexer_mma_kernel<D, TK, float>, dsa_lim_smem(H, D), p3, nsm, st);
+    };
+    run_fp32(); run_tc(); run_tc2(); run_mma(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+    std::vector<float> o0(m.size()), o1(m.size()), o2(m.size()), o3(m.size());
     CK(cudaMemcpy(o0.data(), d0, o0.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o2.data(), d2, o2.size()*4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o3.data(), d3, o3.size()*4, cudaMemcpyDeviceToHost));
     const Measure m0 = measure(o0, q, k, w, m, D, H, T, N, w_scale, 2048);
     const Measure m1 = measure(o1, q, k, w, m, D, H, T, N, w_scale, 2048);
     const Measure m2 = measure(o2, q, k, w, m, D, H, T, N, w_scale, 2048);
+    const Measure m3 = measure(o3, q, k, w, m, D, H, T, N, w_scale, 2048);
     const bool ok = m0.rel_err < 1e-4 && m1.rel_err < 2e-2 && m1.min_overlap >= 0.97 &&
-                    m2.rel_err < 2e-2 && m2.min_overlap >= 0.97 && m0.n_nan + m1.n_nan + m2.n_nan == 0;
+                    m2.rel_err < 2e-2 && m2.min_overlap >= 0.97 && m3.rel_err < 2e-2 && m3.min_overlap >= 0.97 &&
+                    m0.n_nan + m1.n_nan + m2.n_nan + m3.n_nan == 0;
     printf("D %3d H %2d T %3d n_kv %6d K %s | fp32: err %.1e top-2048 overlap %.4f | tc: err %.1e overlap %.4f (exact"
-           " %.4f) | tc2: err %.1e overlap %.4f (exact %.4f) nan %d %s", D, H, T, N, sizeof(TK) == 4 ? "f32" : "f16",
-           m0.rel_err, m0.min_overlap, m1.rel_err, m1.min_overlap, m1.min_exact, m2.rel_err, m2.min_overlap,
-           m2.min_exact, m0.n_nan + m1.n_nan + m2.n_nan, ok ? "OK" : "FAIL");
+           " %.4f) | tc2: err %.1e overlap %.4f (exact %.4f) | mma: err %.1e overlap %.4f (exact %.4f) nan %d %s", D, H, T,
+           N, sizeof(TK) == 4 ? "f32" : "f16", m0.rel_err, m0.min_overlap, m1.rel_err, m1.min_overlap, m1.min_exact,
+           m2.rel_err, m2.min_overlap, m2.min_exact, m3.rel_err, m3.min_overlap, m3.min_exact,
+           m0.n_nan + m1.n_nan + m2.n_nan + m3.n_nan, ok ? "OK" : "FAIL");
     if (timing) {
         const double f0 = time_us(st, 3, 20, run_fp32), f1 = time_us(st, 3, 20, run_tc), f2 = time_us(st, 3, 20, run_tc2);
         const double c0 = time_us_cold(st, 1, 10, run_fp32), c1 = time_us_cold(st, 1, 10, run_tc);
         const double c2 = time_us_cold(st, 1, 10, run_tc2);
-        printf(" | us fp32 %.1f tc %.1f (%.1fx) tc2 %.1f (%.1fx); L2 cold fp32 %.1f tc %.1f tc2 %.1f (%.1fx)",
-               f0, f1, f0/f1, f2, f0/f2, c0, c1, c2, c0/c2);
+        const double f3 = time_us(st, 3, 20, run_mma), c3 = time_us_cold(st, 1, 10, run_mma);
+        printf(" | us fp32 %.1f tc %.1f (%.1fx) tc2 %.1f (%.1fx) mma %.1f (%.1fx); L2 cold fp32 %.1f tc %.1f tc2 %.1f"
+               " (%.1fx) mma %.1f (%.1fx)", f0, f1, f0/f1, f2, f0/f2, f3, f0/f3, c0, c1, c2, c0/c2, c3, c0/c3);
     }
     printf("\n");
-    for (void * x : {(void *) dq, dk, (void *) dw, (void *) dm, (void *) d0, (void *) d1, (void *) d2}) CK(cudaFree(x));
+    for (void * x : {(void *) dq, dk, (void *) dw, (void *) dm, (void *) d0, (void *) d1, (void *) d2, (void *) d3}) {
+        CK(cudaFree(x));
+    }
     CK(cudaStreamDestroy(st));
     return ok ? 0 : 1;
 }

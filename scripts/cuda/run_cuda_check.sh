@@ -27,7 +27,7 @@ case $CHECK in
   topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh" ;;
   sattn) HEADERS="dsa-sparse-attn-kernels.cuh" ;;
   lid)   HEADERS="dsa-lightning-indexer-decode.cuh" ;;
-  lip)   HEADERS="dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh" ;;
+  lip)   HEADERS="dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
   *) echo "unknown check $CHECK (topk, sattn, lid or lip)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
