@@ -28,15 +28,15 @@
 #
 # The next round's first call (RESULTS section 4l, "Next"): the kernel checks during the build (the score-first sparse
 # attention, the combine and decode-indexer changes), then the opt-in kernels inside the model, then their A/B at 64K
-#   STEPS="bg:cudachecks bg:lipcheck exp:TMAX=540 build exp:TMAX=300 synthbg wait exp:DC_PREFILL=1100
+#   STEPS="bg:topkcheck bg:sattncheck bg:lidcheck bg:lipcheck exp:TMAX=540 build exp:TMAX=300 synthbg wait exp:DC_PREFILL=1100
 #          exp:LLAMA_DSA_SATTN_SF=1 decodecheck exp:LLAMA_DSA_SATTN_SF=0 exp:LLAMA_DSA_PREFILL_TC=1 decodecheck
 #          exp:LLAMA_DSA_PREFILL_TC=0 waitbg
 #          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_SATTN_SF=1,--variant,LLAMA_DSA_SATTN_SF=0,--variant,LLAMA_DSA_SATTN_SF=1
 #          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_TOPK_CLUSTER=1,--variant,LLAMA_DSA_TOPK_CLUSTER=0
 #          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_LID_DIRECT=1,--variant,LLAMA_DSA_LID_DIRECT=0
 #          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_PREFILL_TC=2,--variant,LLAMA_DSA_PREFILL_TC=1"
-#   (the top-k / indexer variants only if cudachecks' topk_check / lid_check passed with the new forms, the prefill
-#   one if bg:lipcheck did; then its PPL: exp:LLAMA_DSA_PREFILL_TC=2 exp:ASQ_ARGS=--kv,f16 asq); all new forms
+#   (the top-k / indexer variants only if topk_check / lid_check passed with the new forms, the prefill one if
+#   lip_check did; then its PPL: exp:LLAMA_DSA_PREFILL_TC=2 exp:ASQ_ARGS=--kv,f16 asq); all new forms
 #   together, against streams alone and the default, in alternating processes (`+` joins switches in one variant):
 #   bench1b=--ctx,131072,--variant,LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1,
 #          --variant,GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1+LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1
