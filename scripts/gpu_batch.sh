@@ -26,23 +26,25 @@
 #   TMAX (environment, default 400): the time limit of a plain h200_checks step; a cold CUDA build took 291-400+ s
 #                              (docs/RESULTS.md section 4k), so give `build` more: exp:TMAX=540 build exp:TMAX=400
 #
-# The next round's first call (RESULTS section 4l, "Next"): the kernel checks during the build (the score-first sparse
-# attention, the combine and decode-indexer changes), then the opt-in kernels inside the model, then their A/B at 64K
-#   STEPS="bg:topkcheck bg:sattncheck bg:lidcheck bg:lipcheck exp:TMAX=540 build exp:TMAX=300 synthbg wait exp:DC_PREFILL=1100
-#          exp:LLAMA_DSA_SATTN_SF=1 decodecheck exp:LLAMA_DSA_SATTN_SF=0 exp:LLAMA_DSA_PREFILL_TC=1 decodecheck
-#          exp:LLAMA_DSA_PREFILL_TC=0 waitbg
-#          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_SATTN_SF=1,--variant,LLAMA_DSA_SATTN_SF=0,--variant,LLAMA_DSA_SATTN_SF=1
-#          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_TOPK_CLUSTER=1,--variant,LLAMA_DSA_TOPK_CLUSTER=0
-#          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_LID_DIRECT=1,--variant,LLAMA_DSA_LID_DIRECT=0
-#          bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_PREFILL_TC=2,--variant,LLAMA_DSA_PREFILL_TC=1"
-#   (the top-k / indexer variants only if topk_check / lid_check passed with the new forms, the prefill one if
-#   lip_check did; then its PPL: exp:LLAMA_DSA_PREFILL_TC=2 exp:ASQ_ARGS=--kv,f16 asq); all new forms
-#   together, against streams alone and the default, in alternating processes (`+` joins switches in one variant):
-#   bench1b=--ctx,131072,--variant,LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1,
-#          --variant,GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1+LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1
-#   (each plain step's output is r/STEP.N.out, N counting the plain steps), then, warm:
-#   8B and 1B at 128K with LLAMA_DSA_SATTN_SF=1 (and GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1 as a second variant).
-#   If the checks pass, the score-first kernel and the tensor-core prefill indexer can become the defaults.
+# The next round's calls (RESULTS section 4l, "Next"; a cold build takes 300-400 s, a 1B 64K sparse process ~25 s, so
+# the work spans one cold call and two warm ones started right after each other; each plain step's output is
+# r/STEP.N.out, N counting the plain steps):
+#   1 (cold): the standalone checks of the new kernels in parallel during the build, then the new kernels in the model
+#     STEPS="bg:topkcheck bg:sattncheck bg:lidcheck bg:lipcheck exp:TMAX=540 build exp:TMAX=300 synthbg wait
+#            exp:DC_PREFILL=1100 exp:LLAMA_DSA_SATTN_SF=1 decodecheck exp:LLAMA_DSA_SATTN_SF=0
+#            exp:LLAMA_DSA_PREFILL_TC=2 decodecheck exp:LLAMA_DSA_PREFILL_TC=0 waitbg
+#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_SATTN_SF=1,--variant,LLAMA_DSA_SATTN_SF=0"
+#   2 (warm): A/B of each opt-in whose standalone check passed, alternating processes
+#     STEPS="bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_TOPK_CLUSTER=1,--variant,LLAMA_DSA_TOPK_CLUSTER=0
+#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_LID_DIRECT=1,--variant,LLAMA_DSA_LID_DIRECT=0
+#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_PREFILL_TC=2,--variant,LLAMA_DSA_PREFILL_TC=1
+#            exp:LLAMA_DSA_PREFILL_TC=2 exp:ASQ_ARGS=--kv,f16 asq exp:LLAMA_DSA_PREFILL_TC=0"
+#   3 (warm): everything that passed, together, with and without streams (`+` joins switches in one variant), 1B at
+#     128K and the 8B file at 64K / 128K
+#     STEPS="synth8bg bench1b=--ctx,131072,--variant,LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1,
+#            --variant,GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1+LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1
+#            wait bench8b=--ctx,131072,--variant,(the same two)"
+#   Whatever passes its check, keeps the logits and gains becomes a default.
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
