@@ -302,3 +302,27 @@ def test_parse_variant_joins_switches_with_plus():
     for bad in ("SATTN_SF=1", "LLAMA_DSA_SATTN_SF", "LLAMA_DSA_X=1+", "+LLAMA_DSA_X=1", "LLAMA_DSA_X=1+LLAMA_DSA_X=0",
                 "LLAMA_DSA_X=1+CUDA_VISIBLE_DEVICES=1", "llama_dsa_x=1"):
         assert parse_variant(bad) is None, bad
+
+
+def test_render_prints_sparse_over_dense_per_ctx():
+    """The text table ends with issue #6's measure: sparse ÷ dense tok/s per ctx of the sweep, variants against the
+    sweep's dense row; a ctx without a dense row (or with an error) gets none."""
+    from dsa_convert.eval.bench import ratios, render
+
+    def row(ctx, attn, pre, dec, variant=None):
+        return {"ctx": ctx, "attn": attn, "prefill_tok_s": pre, "decode_tok_s": dec, "kv_bytes": 2**20,
+                "kv_bytes_per_token": 64.0, "device": "cuda", "variant": variant,
+                "indexer_decode_ms_per_tok": None, "host_us_per_decode_token": None}
+    rows = [row(65536, "sparse", 10000.0, 540.0), row(65536, "dense", 25000.0, 400.0),
+            row(65536, "sparse", 11000.0, 600.0, "LLAMA_DSA_SATTN_SF=1"), row(131072, "sparse", 6000.0, 480.0),
+            {"ctx": 16384, "attn": "dense", "error": "out of memory"}, row(16384, "sparse", 20000.0, 550.0)]
+    got = ratios(rows)
+    assert [(x["ctx"], x["variant"]) for x in got] == [(65536, None), (65536, "LLAMA_DSA_SATTN_SF=1")]
+    assert got[0]["decode"] == pytest.approx(1.35) and got[0]["prefill"] == pytest.approx(0.4)
+    assert got[1]["decode"] == pytest.approx(1.5) and got[1]["prefill"] == pytest.approx(0.44)
+    text = render(rows)
+    assert "sparse ÷ dense" in text
+    assert "   65536  decode 1.35×  prefill 0.40×" in text
+    assert "   65536  decode 1.50×  prefill 0.44×  [LLAMA_DSA_SATTN_SF=1]" in text
+    assert "131072  decode" not in text and "16384  decode" not in text
+    assert "sparse ÷ dense" not in render([row(65536, "sparse", 10000.0, 540.0)])

@@ -413,6 +413,20 @@ def write_plot(rows: list[dict], out: Path, title: str) -> Path:
     return out
 
 
+def ratios(rows: list[dict]) -> list[dict]:
+    """Sparse ÷ dense tok/s per ctx of one sweep (issue #6's measure): one entry per sparse row, plain or variant,
+    whose ctx has a dense row; a variant is compared with the sweep's own dense row."""
+    dense = {r["ctx"]: r for r in rows if r.get("attn") == "dense" and "error" not in r}
+    out = []
+    for r in rows:
+        d = dense.get(r["ctx"])
+        if r.get("attn") != "sparse" or "error" in r or d is None:
+            continue
+        out.append({"ctx": r["ctx"], "variant": r.get("variant"), "decode": r["decode_tok_s"] / d["decode_tok_s"],
+                    "prefill": r["prefill_tok_s"] / d["prefill_tok_s"]})
+    return out
+
+
 def render(rows: list[dict]) -> str:
     head = (f"{'ctx':>8} {'attn':>6} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9} "
             f"{'indexer ms/tok':>15} {'host µs/tok':>11}  device")  # host µs/tok: graph + inputs
@@ -428,4 +442,9 @@ def render(rows: list[dict]) -> str:
         lines.append(f"{r['ctx']:>8} {r['attn']:>6} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
                      f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15} {host_s:>11}  {r['device']}"
                      + (f"  [{r['variant']}]" if r.get("variant") else ""))
+    rs = ratios(rows)
+    if rs:
+        lines.append("sparse ÷ dense, tok/s in the same sweep:")
+        lines += [f"{x['ctx']:>8}  decode {x['decode']:.2f}×  prefill {x['prefill']:.2f}×"
+                  + (f"  [{x['variant']}]" if x["variant"] else "") for x in rs]
     return "\n".join(lines)
