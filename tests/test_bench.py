@@ -108,6 +108,10 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
     assert by[(512, "sparse")]["index_keys"] == "f16" and by[(512, "dense")]["index_keys"] is None
     assert by[(512, "sparse")]["kv_indexer_bytes"] / by[(512, "sparse")]["kv_cells"] == pytest.approx(256, rel=0.05)
     assert "indexer_share_decode_est" in by[(64, "sparse")]
+    for c in (64, 512):   # sparse ÷ dense of the same sweep, on the sparse rows
+        want = by[(c, "sparse")]["decode_tok_s"] / by[(c, "dense")]["decode_tok_s"]
+        assert by[(c, "sparse")]["decode_vs_dense"] == pytest.approx(want, rel=1e-3)
+        assert "decode_vs_dense" not in by[(c, "dense")]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -307,7 +311,7 @@ def test_parse_variant_joins_switches_with_plus():
 def test_render_prints_sparse_over_dense_per_ctx():
     """The text table ends with issue #6's measure: sparse ÷ dense tok/s per ctx of the sweep, variants against the
     sweep's dense row; a ctx without a dense row (or with an error) gets none."""
-    from dsa_convert.eval.bench import ratios, render
+    from dsa_convert.eval.bench import add_ratios, ratios, render
 
     def row(ctx, attn, pre, dec, variant=None):
         return {"ctx": ctx, "attn": attn, "prefill_tok_s": pre, "decode_tok_s": dec, "kv_bytes": 2**20,
@@ -326,3 +330,6 @@ def test_render_prints_sparse_over_dense_per_ctx():
     assert "   65536  decode 1.50×  prefill 0.44×  [LLAMA_DSA_SATTN_SF=1]" in text
     assert "131072  decode" not in text and "16384  decode" not in text
     assert "sparse ÷ dense" not in render([row(65536, "sparse", 10000.0, 540.0)])
+    add_ratios(rows)   # the sweep's returned / --json rows carry them too
+    assert rows[0]["decode_vs_dense"] == 1.35 and rows[0]["prefill_vs_dense"] == 0.4
+    assert rows[2]["decode_vs_dense"] == 1.5 and "decode_vs_dense" not in rows[3] and "decode_vs_dense" not in rows[5]

@@ -374,6 +374,7 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
                     f.write(json.dumps(rows[-1], default=str) + "\n")
             bar.advance(1, info=info)
     add_indexer_share(rows)
+    add_ratios(rows)
     return rows
 
 
@@ -423,8 +424,16 @@ def ratios(rows: list[dict]) -> list[dict]:
         if r.get("attn") != "sparse" or "error" in r or d is None:
             continue
         out.append({"ctx": r["ctx"], "variant": r.get("variant"), "decode": r["decode_tok_s"] / d["decode_tok_s"],
-                    "prefill": r["prefill_tok_s"] / d["prefill_tok_s"]})
+                    "prefill": r["prefill_tok_s"] / d["prefill_tok_s"], "row": r})
     return out
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """`decode_vs_dense` / `prefill_vs_dense` on each sparse row that has a dense row of its ctx in the sweep (the
+    returned / --json rows; --jsonl lines are written as each run finishes, before its dense run, so they lack them)."""
+    for x in ratios(rows):
+        x["row"]["decode_vs_dense"] = round(x["decode"], 4)
+        x["row"]["prefill_vs_dense"] = round(x["prefill"], 4)
 
 
 def render(rows: list[dict]) -> str:
