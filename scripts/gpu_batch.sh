@@ -41,9 +41,8 @@
 #            exp:LLAMA_DSA_PREFILL_TC=2 exp:ASQ_ARGS=--kv,f16 asq exp:LLAMA_DSA_PREFILL_TC=0"
 #   3 (warm): everything that passed, together, with and without streams (`+` joins switches in one variant), 1B at
 #     128K and the 8B file at 64K / 128K
-#     STEPS="synth8bg bench1b=--ctx,131072,--variant,LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1,
-#            --variant,GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1+LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1
-#            wait bench8b=--ctx,131072,--variant,(the same two)"
+#     V1=LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1; V2=GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1+$V1
+#     STEPS="synth8bg bench1b=--ctx,131072,--variant,$V1,--variant,$V2 wait bench8b=--ctx,131072,--variant,$V1,--variant,$V2"
 #   Whatever passes its check, keeps the logits and gains becomes a default.
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
