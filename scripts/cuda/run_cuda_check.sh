@@ -25,7 +25,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
   topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh" ;;
-  sattn) HEADERS="dsa-sparse-attn-kernels.cuh" ;;
+  sattn) HEADERS="dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh" ;;
   lid)   HEADERS="dsa-lightning-indexer-decode.cuh" ;;
   lip)   HEADERS="dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
   *) echo "unknown check $CHECK (topk, sattn, lid or lip)" >&2; exit 2 ;;
