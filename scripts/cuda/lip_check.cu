@@ -228,57 +228,82 @@ static float to_f(__half x) { return __half2float(x); }
 
 struct Measure { double rel_err = 0, min_overlap = 1, min_exact = 1; int n_nan = 0; };
 
-// sampled (token, cell) errors against the double reference, and top-K overlap on sampled rows
+// the reference of one sampled token row, computed once for all the kernels measured against it: the double-precision
+// scores (mask not included), the row's scale (RMS of the unmasked scores on a sample), and the reference's top-K
+// (mask included: forced cells and -INF as in the model) with its k-th score
+struct RefRow {
+    int t = 0;
+    std::vector<double> score;
+    double scale = 0;
+    std::vector<char> in_top;
+    double kth = 0;
+    int kk = 0;
+};
+
 template <typename TK>
-static Measure measure(const std::vector<float> & out, const std::vector<float> & q, const std::vector<TK> & k,
-                       const std::vector<float> & w, const std::vector<float> & m, int D, int H, int T, int N,
-                       float w_scale, int K) {
-    Measure r;
-    auto ref_score = [&](int t, int i) {
-        double acc = 0;
-        for (int h = 0; h < H; ++h) {
-            double dot = 0;
-            for (int e = 0; e < D; ++e) dot += (double) q[((size_t) t*H + h)*D + e]*to_f(k[(size_t) i*D + e]);
-            acc += std::max(dot, 0.0)*(double) (w[(size_t) t*H + h]*w_scale);
-        }
-        return acc;
-    };
+static std::vector<RefRow> reference_rows(const std::vector<float> & q, const std::vector<TK> & k,
+                                          const std::vector<float> & w, const std::vector<float> & m, int D, int H, int T,
+                                          int N, float w_scale, int K) {
+    std::vector<RefRow> rows;
     for (int t = 0; t < T; t += std::max(1, T/8)) {
-        // the row's scale: RMS of the unmasked scores on a sample
-        std::vector<double> ref(N);
+        RefRow r;
+        r.t = t;
+        r.score.resize(N);
         double ss = 0; int n = 0;
         for (int i = 0; i < N; ++i) {
-            ref[i] = ref_score(t, i);
-            if (i % 61 == 0) { ss += ref[i]*ref[i]; ++n; }
+            double acc = 0;
+            for (int h = 0; h < H; ++h) {
+                double dot = 0;
+                for (int e = 0; e < D; ++e) dot += (double) q[((size_t) t*H + h)*D + e]*to_f(k[(size_t) i*D + e]);
+                acc += std::max(dot, 0.0)*(double) (w[(size_t) t*H + h]*w_scale);
+            }
+            r.score[i] = acc;
+            if (i % 61 == 0) { ss += acc*acc; ++n; }
         }
-        const double scale = std::sqrt(ss/std::max(1, n)) + 1e-6;
+        r.scale = std::sqrt(ss/std::max(1, n)) + 1e-6;
+        auto full_ref = [&](int i) { return r.score[i] + (double) m[(size_t) t*N + i]; };
+        int n_vis = 0; // cells the token sees (the rest are -INF in both: their order is arbitrary)
+        for (int i = 0; i < N; ++i) n_vis += std::isfinite(full_ref(i));
+        r.kk = std::min(K, n_vis);
+        r.in_top.assign(N, 0);
+        r.kth = INFINITY;
+        if (r.kk > 0) {
+            std::vector<int> a(N);
+            for (int i = 0; i < N; ++i) a[i] = i;
+            std::nth_element(a.begin(), a.begin() + r.kk, a.end(),
+                             [&](int x, int y) { return full_ref(x) > full_ref(y); });
+            for (int j = 0; j < r.kk; ++j) { r.in_top[a[j]] = 1; r.kth = std::min(r.kth, full_ref(a[j])); }
+        }
+        rows.push_back(std::move(r));
+    }
+    return rows;
+}
+
+// sampled (token, cell) errors against the reference rows, and top-K overlap on those rows
+static Measure measure(const std::vector<float> & out, const std::vector<RefRow> & refs, const std::vector<float> & m,
+                       int N) {
+    Measure r;
+    for (const RefRow & ref : refs) {
+        const int t = ref.t;
         for (int i = 0; i < N; ++i) r.n_nan += std::isnan(out[(size_t) t*N + i]);
         for (int i = 0; i < N; i += 13) {
             const double mm = m[(size_t) t*N + i];
             if (!std::isfinite(mm) || std::fabs(mm) > 1e4) continue;
-            r.rel_err = std::max(r.rel_err, std::fabs(out[(size_t) t*N + i] - (ref[i] + mm))/scale);
+            r.rel_err = std::max(r.rel_err, std::fabs(out[(size_t) t*N + i] - (ref.score[i] + mm))/ref.scale);
         }
-        // top-K overlap (mask included: forced cells and -INF as in the model)
-        std::vector<int> a(N), b(N);
-        for (int i = 0; i < N; ++i) a[i] = b[i] = i;
-        auto full_ref = [&](int i) { return ref[i] + (double) m[(size_t) t*N + i]; };
-        int n_vis = 0; // cells the token sees (the rest are -INF in both: their order is arbitrary)
-        for (int i = 0; i < N; ++i) n_vis += std::isfinite(full_ref(i));
-        const int kk = std::min(K, n_vis);
-        if (kk == 0) continue;
-        std::nth_element(a.begin(), a.begin() + kk, a.end(), [&](int x, int y) { return full_ref(x) > full_ref(y); });
+        if (ref.kk == 0) continue;
+        auto full_ref = [&](int i) { return ref.score[i] + (double) m[(size_t) t*N + i]; };
+        std::vector<int> b(N);
+        for (int i = 0; i < N; ++i) b[i] = i;
         auto out_key = [&](int i) { const float v = out[(size_t) t*N + i]; return std::isnan(v) ? -INFINITY : v; };
-        std::nth_element(b.begin(), b.begin() + kk, b.end(), [&](int x, int y) { return out_key(x) > out_key(y); });
-        std::vector<char> in(N, 0);
-        double kth = INFINITY; // the reference's k-th score
-        for (int j = 0; j < kk; ++j) { in[a[j]] = 1; kth = std::min(kth, full_ref(a[j])); }
+        std::nth_element(b.begin(), b.begin() + ref.kk, b.end(), [&](int x, int y) { return out_key(x) > out_key(y); });
         int common = 0, good = 0;
-        for (int j = 0; j < kk; ++j) {
-            common += in[b[j]];
-            good   += !std::isnan(out[(size_t) t*N + b[j]]) && full_ref(b[j]) >= kth - 1e-6*scale;
+        for (int j = 0; j < ref.kk; ++j) {
+            common += ref.in_top[b[j]];
+            good   += !std::isnan(out[(size_t) t*N + b[j]]) && full_ref(b[j]) >= ref.kth - 1e-6*ref.scale;
         }
-        r.min_exact   = std::min(r.min_exact, (double) common/kk);
-        r.min_overlap = std::min(r.min_overlap, (double) good/kk);
+        r.min_exact   = std::min(r.min_exact, (double) common/ref.kk);
+        r.min_overlap = std::min(r.min_overlap, (double) good/ref.kk);
     }
     return r;
 }
@@ -324,10 +349,11 @@ static int run(int H, int T, int N, int nsm, bool timing) {
     CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o2.data(), d2, o2.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o3.data(), d3, o3.size()*4, cudaMemcpyDeviceToHost));
-    const Measure m0 = measure(o0, q, k, w, m, D, H, T, N, w_scale, 2048);
-    const Measure m1 = measure(o1, q, k, w, m, D, H, T, N, w_scale, 2048);
-    const Measure m2 = measure(o2, q, k, w, m, D, H, T, N, w_scale, 2048);
-    const Measure m3 = measure(o3, q, k, w, m, D, H, T, N, w_scale, 2048);
+    const std::vector<RefRow> refs = reference_rows(q, k, w, m, D, H, T, N, w_scale, 2048);
+    const Measure m0 = measure(o0, refs, m, N);
+    const Measure m1 = measure(o1, refs, m, N);
+    const Measure m2 = measure(o2, refs, m, N);
+    const Measure m3 = measure(o3, refs, m, N);
     const bool ok = m0.rel_err < 1e-4 && m1.rel_err < 2e-2 && m1.min_overlap >= 0.97 &&
                     m2.rel_err < 2e-2 && m2.min_overlap >= 0.97 && m3.rel_err < 2e-2 && m3.min_overlap >= 0.97 &&
                     m0.n_nan + m1.n_nan + m2.n_nan + m3.n_nan == 0;
