@@ -160,8 +160,7 @@ static bool run_case(const Case & c, bool timing) {
     dsa_sattn_params p = base_params(dq, dk, dv, dm, di, dd, D, nh, nhk, c.n_tps, n_tok, c.n_top, c.n_kv, scale, c.mask_f16);
     p.k_nb1 = p.v_nb1 = (size_t) D*sizeof(T); p.k_nb2 = p.v_nb2 = cell*sizeof(T); p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell*sizeof(T);
     // the score-first kernel (the patch's opt-in LLAMA_DSA_SATTN_SF=1) where it applies, checked and timed beside
-    const bool sf = dsa_sattn_sf_applies(D, nh/nhk, sizeof(T), c.n_top, (uintptr_t) dk, (uintptr_t) dv, p.k_nb1, p.k_nb2,
-                                         p.k_nb3, p.v_nb1, p.v_nb2, p.v_nb3);
+    const bool sf = dsa_sattn_sf_applies(p, D, sizeof(T));
     dsa_sattn_params p_sf = p;
     p_sf.score_first = true;
     auto launch    = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
