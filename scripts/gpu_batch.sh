@@ -21,36 +21,25 @@
 #   exp:VAR=VALUE              export a variable for the following steps (e.g. exp:PROF_CTX=131072); commas in
 #                              VALUE become spaces (exp:SPEED_ARGS=--index-keys,f32)
 #   speed1b=C1,C2 / speed8b=C  the speed step on the 1B / 8B file at those contexts
-#   bench1b=ARGS / bench8b=ARGS  dsa bench on that file with extra comma-separated args
-#                              (bench1b=--ctx,131072,--attn,sparse,--index-keys,f32)
+#   bench1b=ARGS / bench8b=ARGS  dsa bench on that file with extra comma-separated args; ':' inside an arg becomes
+#                              ',' (bench1b=--ctx,16384:131072,--attn,sparse,--index-keys,f32)
 #   TMAX (environment, default 400): the time limit of a plain h200_checks step; a cold CUDA build took 291-400+ s
 #                              (docs/RESULTS.md section 4k), so give `build` more: exp:TMAX=540 build exp:TMAX=400
 #
-# The next round's calls (RESULTS section 4l, "Next"; a cold build takes 300-400 s, a 1B 64K sparse process ~25 s, so
-# the work spans one cold call and two warm ones started right after each other; each plain step's output is
-# r/STEP.N.out, N counting the plain steps):
-#   1 (cold): the standalone checks of the new kernels in parallel during the build, then the new kernels in the model
-#     STEPS="bg:topkcheck bg:sattncheck bg:lidcheck bg:lipcheck exp:TMAX=540 build exp:TMAX=300 synthbg wait
-#            exp:DC_PREFILL=1100 exp:LLAMA_DSA_SATTN_SF=1 decodecheck exp:LLAMA_DSA_SATTN_SF=0
-#            exp:LLAMA_DSA_PREFILL_TC=2 decodecheck exp:LLAMA_DSA_PREFILL_TC=0 waitbg
-#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_SATTN_SF=1,--variant,LLAMA_DSA_SATTN_SF=0"
-#   2 (warm): A/B of each opt-in whose standalone check passed, alternating processes
-#     STEPS="bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_TOPK_CLUSTER=1,--variant,LLAMA_DSA_TOPK_CLUSTER=0
-#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_LID_DIRECT=1,--variant,LLAMA_DSA_LID_DIRECT=0
-#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_PREFILL_TC=2,--variant,LLAMA_DSA_PREFILL_TC=1
-#            exp:LLAMA_DSA_PREFILL_TC=2 exp:ASQ_ARGS=--kv,f16 asq exp:LLAMA_DSA_PREFILL_TC=0"
-#   3 (warm): everything that passed, together, with and without streams (`+` joins switches in one variant), 1B at
-#     128K and the 8B file at 64K / 128K
-#     V1=LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1+LLAMA_DSA_LID_DIRECT=1; V2=GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1+$V1
-#     STEPS="synth8bg bench1b=--ctx,131072,--variant,$V1,--variant,$V2 wait bench8b=--ctx,131072,--variant,$V1,--variant,$V2"
-#   Whatever passes its check, keeps the logits and gains becomes a default.
+# The next round's calls (RESULTS section 4m, "Next"; a cold build takes 300-410 s; the runner must carry the wheels
+# of gguf AND diskcache (llama-cpp-python imports it), or every step after the build fails at `import llama_cpp`):
+#   1 (cold): the committed defaults (score-first sparse attention, direct decode indexer, mma.sync prefill indexer,
+#     cluster top-k for prefill rows) checked and measured as one configuration, with same-sweep A/Bs
+#     STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100 decodecheck
+#            bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_PERSIST=0,--variant,LLAMA_DSA_PREFILL_TC=0"
+#   2 (warm): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq wait bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_PERSIST=0"
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
 : "${SDIST:?set SDIST}" "${SHARED:?set SHARED}" "${OUT:?set OUT}"
 W=${WORK:-/tmp/w}; R=$OUT/r; mkdir -p "$W" "$R"
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHEELS"/*.whl && export PYTHONPATH=$W/site
+  python3 -m pip install -q --no-index --no-deps --upgrade --target "$W/site" "$WHEELS"/*.whl && export PYTHONPATH=$W/site
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 H="bash scripts/h200_checks.sh $SHARED $SDIST $W"
@@ -72,7 +61,7 @@ for s in ${STEPS:-}; do
   speed8b=*) SPEED_8B=only SPEED_CTX=${s#speed8b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
   bench1b=*|bench8b=*)
     f=$W/synth-1b-asq.gguf; [ "${s%%=*}" = bench8b ] && f=$W/synth-8b.gguf
-    args=$(echo "${s#*=}" | tr , ' '); tag=$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
+    args=$(echo "${s#*=}" | tr , ' ' | tr : ,); tag=$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
     timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" $args --gen 32 --flash-attn --n-gpu-layers 999 --force \
       --jsonl "$W/bench-$tag.jsonl" > "$R/bench-$tag.out" 2>&1; echo "rc $?"; cut -c1-500 "$W/bench-$tag.jsonl" ;;
   *) n_plain=$(( ${n_plain:-0} + 1 )); o="$R/$s.$n_plain.out" # numbered: a step may run twice (other exp: values)

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Plot saved `dsa bench` rows: decode tok/s vs context, one line per attention mode (the same PNG as `--plot`).
 
-    python scripts/plot_bench.py ROWS.jsonl [--match SUBSTRING] --out OUT.png [--title TITLE]
+    python scripts/plot_bench.py ROWS.jsonl [--match SUBSTRING] [--first] [--label NAME=VARIANT ...] --out OUT.png
+                                 [--title TITLE]
 
 ROWS.jsonl: rows as `dsa bench --jsonl` (or the h200 `speed` step) writes them, one JSON object per line. --match
 keeps the rows whose `file` contains SUBSTRING (a sweep file often holds several models). docs/RESULTS.md §4i's plots
-come from docs/data/speed-h200-2026-11-30.jsonl this way.
+come from docs/data/speed-h200-2026-11-30.jsonl this way. --first keeps the first row of each (ctx, attn, variant)
+in file order (a file that holds several sweeps of one model); --label NAME=VARIANT (repeatable) names a `--variant`
+line NAME in the legend (everything after the first '=' is the variant, e.g. V1=LLAMA_DSA_A=1+LLAMA_DSA_B=1).
 """
 from __future__ import annotations
 
@@ -42,15 +45,45 @@ def load_rows(path: Path, match: str | None) -> list[dict]:
     return rows
 
 
+def first_rows(rows: list[dict]) -> list[dict]:
+    """The first row of each (ctx, attn, variant), in order."""
+    seen, out = set(), []
+    for r in rows:
+        key = (r["ctx"], r["attn"], r.get("variant"))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def relabel(rows: list[dict], labels: list[str]) -> list[dict]:
+    """Rows whose variant is named by a NAME=VARIANT label carry NAME as their variant instead."""
+    names = {}
+    for lab in labels:
+        name, sep, variant = lab.partition("=")
+        if not sep or not name or not variant:
+            raise BadInputError(f"--label {lab!r}: expected NAME=VARIANT")
+        names[variant] = name
+    unused = set(names) - {r.get("variant") for r in rows}
+    if unused:
+        raise BadInputError(f"--label: no row has variant {sorted(unused)[0]!r}")
+    return [dict(r, variant=names.get(r.get("variant"), r.get("variant"))) for r in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rows", type=Path)
     ap.add_argument("--match", default=None, help="keep rows whose `file` contains this")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="dsa bench: decode speed")
+    ap.add_argument("--first", action="store_true", help="keep the first row of each (ctx, attn, variant)")
+    ap.add_argument("--label", action="append", default=[], metavar="NAME=VARIANT", help="legend name of a variant")
     a = ap.parse_args(argv)
     try:
-        out = write_plot(load_rows(a.rows, a.match), a.out, a.title)
+        rows = load_rows(a.rows, a.match)
+        if a.first:
+            rows = first_rows(rows)
+        out = write_plot(relabel(rows, a.label), a.out, a.title)
     except DsaError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

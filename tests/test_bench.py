@@ -232,6 +232,25 @@ def test_plot_bench_script_plots_saved_rows_and_rejects_bad_input(tmp_path):
         assert not Path(q).exists()
 
 
+def test_plot_bench_first_rows_and_labels():
+    """--first keeps one row per (ctx, attn, variant); --label renames a variant, and a label no row has is an error."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("plot_bench", REPO / "scripts" / "plot_bench.py")
+    pb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pb)
+    rows = [{"ctx": 1024, "attn": "sparse", "decode_tok_s": 1.0, "pid": 1},
+            {"ctx": 1024, "attn": "dense", "decode_tok_s": 2.0, "pid": 1},
+            {"ctx": 1024, "attn": "sparse", "decode_tok_s": 3.0, "pid": 2, "variant": "LLAMA_DSA_A=1+LLAMA_DSA_B=1"},
+            {"ctx": 1024, "attn": "sparse", "decode_tok_s": 4.0, "pid": 3}]
+    assert [r["decode_tok_s"] for r in pb.first_rows(rows)] == [1.0, 2.0, 3.0]
+    got = pb.relabel(rows, ["V1=LLAMA_DSA_A=1+LLAMA_DSA_B=1"])
+    assert [r.get("variant") for r in got] == [None, None, "V1", None]
+    assert rows[2]["variant"] == "LLAMA_DSA_A=1+LLAMA_DSA_B=1"          # the input rows are left alone
+    for bad in (["V1"], ["=LLAMA_DSA_A=1"], ["V1=LLAMA_DSA_C=1"]):
+        with pytest.raises(pb.BadInputError):
+            pb.relabel(rows, bad)
+
+
 def _children(pid: int) -> list[int]:
     """Direct child processes of pid (Linux /proc)."""
     out = []
