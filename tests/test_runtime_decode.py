@@ -175,6 +175,34 @@ def test_device_built_indexer_mask_is_bit_exact(tiny_dsa, monkeypatch, flash_att
 
 
 @requires_backend
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
+def test_selection_mask_without_the_add_is_bit_exact_and_used(tiny_dsa, monkeypatch, flash_attn):
+    """LLAMA_DSA_SKIP_MASK_ADD (on by default): a prefill ubatch whose every token sees >= top_k cells takes the
+    selection mask (-INF, 0 at the picks) without adding the attention mask (0 at every visible cell). Prefill in
+    ubatches of 16 (TOPK 24: the ubatches from position 32 on qualify, the one at 16 does not): the logits must be
+    bit-identical to always adding (=0), and the debug log must show that the shortcut was taken (not with =0)."""
+    plain, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(9).integers(3, 320, N)
+    cache = 1 if flash_attn else 0
+    skip = v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)
+    monkeypatch.setenv("LLAMA_DSA_SKIP_MASK_ADD", "0")
+    add = v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)
+    np.testing.assert_array_equal(skip, add)
+    dense = v.llama_logits(str(plain), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)
+    assert np.abs(skip[32:] - dense[32:]).max() > 1e-3                          # the qualifying rows ran sparse
+    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, n_batch=16, n_ubatch=16, "
+            f"verbose=True, flash_attn={flash_attn}); m.eval(list(range(3, 3 + {N})))")
+    line = f"selection mask without the attention mask added (every token sees >= {TOPK} cells)"
+    monkeypatch.delenv("LLAMA_DSA_SKIP_MASK_ADD")
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
+    assert r.returncode == 0 and line in r.stderr, r.stderr[-2000:]
+    monkeypatch.setenv("LLAMA_DSA_SKIP_MASK_ADD", "0")
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
+    assert r.returncode == 0 and line not in r.stderr
+
+
+@requires_backend
 def test_merged_indexer_projections_are_bit_exact_and_used(tiny_dsa, monkeypatch):
     """q_b, k and proj of the indexer lie back to back (dsa writes them so; the loader creates them so): the graph
     multiplies them as one matrix, a tensor aliasing the three weights. The logits must be bit-identical to three
