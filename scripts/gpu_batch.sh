@@ -30,9 +30,11 @@
 # of gguf AND diskcache (llama-cpp-python imports it), or every step after the build fails at `import llama_cpp`):
 #   1 (cold): the committed defaults (score-first sparse attention, direct decode indexer, mma.sync prefill indexer,
 #     cluster top-k for prefill rows) checked and measured as one configuration, with same-sweep A/Bs
+#     A=--variant,LLAMA_DSA_TOPK_PERSIST=0,--variant,LLAMA_DSA_PREFILL_TC=0,--variant,LLAMA_DSA_SKIP_MASK_ADD=0
 #     STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100 decodecheck
-#            bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_PERSIST=0,--variant,LLAMA_DSA_PREFILL_TC=0"
-#   2 (warm): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq wait bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_PERSIST=0"
+#            bench1b=--ctx,65536,$A"
+#   2 (warm, right after): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq bench1b=--ctx,16384:131072,$A wait
+#            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_PERSIST=0,--variant,LLAMA_DSA_SKIP_MASK_ADD=0"
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
