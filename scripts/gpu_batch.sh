@@ -26,8 +26,12 @@
 #   TMAX (environment, default 400): the time limit of a plain h200_checks step; a cold CUDA build took 291-400+ s
 #                              (docs/RESULTS.md section 4k), so give `build` more: exp:TMAX=540 build exp:TMAX=400
 #
-# The next round's calls (RESULTS section 4m, "Next"; a cold build takes 300-410 s; the runner must carry the wheels
-# of gguf AND diskcache (llama-cpp-python imports it), or every step after the build fails at `import llama_cpp`):
+# On a machine without internet, `bash scripts/make_device_bundle.sh` writes the folder to carry (.devshare3: trimmed
+# sdist, the gguf AND diskcache wheels (llama_cpp imports diskcache; without it every step after the build fails),
+# the reference checkpoint, the data) and its runner, .devshare3/run_d.sh, which sets SDIST / SHARED / WHEELS / WORK
+# and calls this script: STEPS="..." LIMIT=585 OUT=... bash .devshare3/run_d.sh
+#
+# The next round's calls (RESULTS section 4m, "Next"; a cold build takes 300-410 s):
 #   1 (cold): the committed defaults (score-first sparse attention, direct decode indexer, mma.sync prefill indexer,
 #     cluster top-k for prefill rows) checked and measured as one configuration, with same-sweep A/Bs
 #     A=--variant,LLAMA_DSA_TOPK_PERSIST=0,--variant,LLAMA_DSA_PREFILL_TC=0,--variant,LLAMA_DSA_SKIP_MASK_ADD=0

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Build the folder that a GPU machine without internet needs to run scripts/gpu_batch.sh (the GPU rows of
+# docs/RESULTS.md): a trimmed llama-cpp-python sdist (< the 64 MiB a call carries), the wheels of the Python packages
+# that such a machine lacks (gguf; diskcache, which llama_cpp imports), the reference checkpoint and the data files
+# (text gzipped), and a runner.
+#
+#   bash scripts/make_device_bundle.sh [DIR]          (default DIR: .devshare3, added to .git/info/exclude)
+#
+# then, on the GPU machine, from the repository root (DIR carried there):
+#   STEPS="bg:retrofit exp:TMAX=540 build ..." LIMIT=585 OUT=/path/to/results bash DIR/run_d.sh
+#
+# SHARED (default ../shared) holds models/ref-llama-27m and data/{wikitext-2-raw,calib}; the sdist comes from
+# DSA_SDIST if set, else from PyPI (pip download). Every file is rebuilt, so the script can run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${1:-.devshare3}
+SHARED=${SHARED:-../shared}
+VER=$(python3 -c "import sys; sys.path.insert(0, '.'); from dsa_convert.backend.build import LLAMA_CPP_PYTHON_VERSION as v; print(v)")
+PY=${DEVICE_PYTHON:-3.12}
+[ -d "$SHARED/models/ref-llama-27m" ] || { echo "error: $SHARED/models/ref-llama-27m not found (set SHARED)" >&2; exit 2; }
+case "$DIR" in /*|..*) ;; *) grep -qxF "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/exclude ;; esac
+rm -rf "$DIR"
+mkdir -p "$DIR/whl" "$DIR/shared/models/ref-llama-27m" "$DIR/shared/data/wikitext-2-raw" "$DIR/shared/data/calib"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+# the sdist, trimmed: no git history, no model vocab files, docs, tests, benches or web UI (the build needs none)
+sdist=${DSA_SDIST:-}
+if [ -z "$sdist" ]; then
+  python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VER" -d "$tmp"
+  sdist=$tmp/llama_cpp_python-$VER.tar.gz
+fi
+tar xzf "$sdist" -C "$tmp"
+v=$tmp/llama_cpp_python-$VER/vendor/llama.cpp
+rm -rf "$tmp/llama_cpp_python-$VER/.git" "$v/.git" "$v/models" "$v/docs" "$v/tests" "$v/benches" "$v/media" "$v/tools/ui" \
+       "$v"/tools/mtmd/*.mp4
+mkdir -p "$v/tests" "$v/models" && touch "$v/tests/CMakeLists.txt"
+tar czf "$DIR/llama-trim.tar.gz" -C "$tmp" "llama_cpp_python-$VER"
+
+# wheels for the device's Python (pure Python: any platform)
+gguf_ver=$(python3 -c "import importlib.metadata as m; print(m.version('gguf'))")
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" -d "$DIR/whl" \
+  "gguf==$gguf_ver" diskcache
+
+m=$SHARED/models/ref-llama-27m
+cp "$m"/*.json "$m"/*.safetensors "$DIR/shared/models/ref-llama-27m/"
+gzip -9c "$SHARED/data/wikitext-2-raw/wiki.test.raw" > "$DIR/shared/data/wikitext-2-raw/wiki.test.raw.gz"
+gzip -9c "$SHARED/data/calib/books-calib.txt" > "$DIR/shared/data/calib/books-calib.txt.gz"
+
+cat > "$DIR/run_d.sh" <<'RUN'
+#!/usr/bin/env bash
+# Device-side runner (written by scripts/make_device_bundle.sh): scripts/gpu_batch.sh with this folder's sdist, wheels
+# and shared files. The work dir /tmp/w persists while the machine stays warm (backend, synthetic files, ref-dsa.gguf).
+D=$(cd "$(dirname "$0")" && pwd)
+for f in "$D"/shared/data/*/*.gz; do [ -f "${f%.gz}" ] || gunzip -k "$f"; done
+export SDIST=$D/llama-trim.tar.gz SHARED=$D/shared WHEELS=$D/whl WORK=${WORK:-/tmp/w}
+export TOK=${TOK:-$D/shared/models/ref-llama-27m}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+exec bash scripts/gpu_batch.sh
+RUN
+total=$(du -sb "$DIR" | cut -f1)
+echo "wrote $DIR: $(( total / 1048576 )) MiB (a call carries at most 64 MiB with the working tree)"
