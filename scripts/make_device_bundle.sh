@@ -18,6 +18,9 @@ SHARED=${SHARED:-../shared}
 VER=$(python3 -c "import sys; sys.path.insert(0, '.'); from dsa_convert.backend.build import LLAMA_CPP_PYTHON_VERSION as v; print(v)")
 PY=${DEVICE_PYTHON:-3.12}
 [ -d "$SHARED/models/ref-llama-27m" ] || { echo "error: $SHARED/models/ref-llama-27m not found (set SHARED)" >&2; exit 2; }
+if [ -e "$DIR" ] && [ ! -f "$DIR/run_d.sh" ] && [ -n "$(ls -A "$DIR" 2>/dev/null)" ]; then
+  echo "error: $DIR exists and is not a bundle this script wrote (no run_d.sh); not replacing it" >&2; exit 2
+fi
 case "$DIR" in /*|..*) ;; *) grep -qxF "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/exclude ;; esac
 rm -rf "$DIR"
 mkdir -p "$DIR/whl" "$DIR/shared/models/ref-llama-27m" "$DIR/shared/data/wikitext-2-raw" "$DIR/shared/data/calib"
