@@ -40,8 +40,8 @@
 #             (lid) the earlier decode kernel, with timings                                          (issue 6)
 #   lidcheck / topkcheck / sattncheck  one of those checks alone (separate steps can run in parallel)   (issue 6)
 #   lipcheck  scripts/cuda/lip_check.cu: three tensor-core prefill indexers (tc = a prototype with relu and weight
-#             through shared memory per head; tc2 = the patch's opt-in LLAMA_DSA_PREFILL_TC=1, the |.| identity in
-#             registers; mma = LLAMA_DSA_PREFILL_TC=2, mma.sync) vs the patch's FP32 prefill kernel: error and
+#             through shared memory per head; tc2 = the patch's LLAMA_DSA_PREFILL_TC=1, the |.| identity in
+#             registers; mma = LLAMA_DSA_PREFILL_TC=2, mma.sync, the default) vs the patch's FP32 prefill kernel: error and
 #             top-2048 overlap against a CPU reference, timing hot and cold                          (issue 6)
 #   profile   scripts/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
@@ -150,7 +150,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   licheck)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/cuda/li_check.cu -o "$WORK/li_check" \
       && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
-  lipcheck) cuda_check lip 20 ;; # the tensor-core prefill indexers (a prototype, the patch's opt-in) vs the FP32 one
+  lipcheck) cuda_check lip 20 ;; # the tensor-core prefill indexers (a prototype, the patch's two) vs the FP32 one
   lidcheck) cuda_check lid 30 ;; # the decode lightning indexer alone (also part of cudachecks)
   topkcheck) cuda_check topk 8 ;; # the top-k selects alone (also part of cudachecks; separate steps run in parallel)
   sattncheck) cuda_check sattn 12 ;; # the sparse attention kernels alone (also part of cudachecks)

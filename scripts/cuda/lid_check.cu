@@ -7,7 +7,7 @@
 //    the new kernel's scores must be BIT-EQUAL to it (same summation order), F32 and F16 keys;
 //  - a double-precision CPU reference of sum_h (w_h * w_scale) * relu(q_h . k) + mask (relative error);
 // and, where it applies (key rows of <= 128 bytes: F16 keys of D <= 64, F32 of D 32), the direct-load form of the same
-// kernel (p.direct, the patch's opt-in LLAMA_DSA_LID_DIRECT=1), which must be BIT-EQUAL too;
+// kernel (p.direct, the patch's default; LLAMA_DSA_LID_DIRECT=0 turns it off), which must be BIT-EQUAL too;
 // and times them at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams: back to back (the
 // keys stay in L2 from call to call) and with a cold L2 (time_us_cold: as in a model, where each layer's keys come
 // from HBM).

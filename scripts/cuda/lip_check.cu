@@ -8,9 +8,9 @@
 //   tc   a prototype kept in this file (lip_wmma): a block takes 64 tokens and walks tiles of 64 keys; each warp
 //        computes a 16-token x 32-key piece per head and moves every head's accumulator through shared memory to
 //        apply relu and the head weight (first run: RESULTS §4k, 1.6-2.1x the FP32 kernel);
-//   tc2  the patch's opt-in kernel (dsa-lightning-indexer-tc.cuh, LLAMA_DSA_PREFILL_TC=1): relu and the weight in
+//   tc2  the patch's WMMA kernel (dsa-lightning-indexer-tc.cuh, LLAMA_DSA_PREFILL_TC=1): relu and the weight in
 //        registers through  w relu(x) = (w x + |w+ x| - |w- x|)/2  (2H + 1 products, no per-head round trip);
-//   mma  the patch's opt-in kernel (dsa-lightning-indexer-mma.cuh, LLAMA_DSA_PREFILL_TC=2): mma.sync, whose
+//   mma  the patch's default kernel (dsa-lightning-indexer-mma.cuh, LLAMA_DSA_PREFILL_TC=2): mma.sync, whose
 //        accumulator layout is documented, so relu and the F32 weight apply per element (H products).
 //
 // The check: a double-precision CPU reference on sampled (token, cell) pairs (relative error against the row's score
@@ -28,8 +28,8 @@
 // Exit status 0 iff every case is within the bounds printed with it.
 #include "check_common.cuh"
 #include "dsa-lightning-indexer-prefill.cuh" // the patch's FP32 prefill kernel
-#include "dsa-lightning-indexer-tc.cuh"      // the patch's tensor-core prefill kernel (opt-in there)
-#include "dsa-lightning-indexer-mma.cuh"     // the patch's mma.sync prefill kernel (opt-in there)
+#include "dsa-lightning-indexer-tc.cuh"      // the patch's WMMA prefill kernel (LLAMA_DSA_PREFILL_TC=1)
+#include "dsa-lightning-indexer-mma.cuh"     // the patch's mma.sync prefill kernel (its default)
 
 #include <cuda_fp16.h>
 #include <mma.h>

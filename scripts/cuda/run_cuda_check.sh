@@ -7,7 +7,7 @@
 #   lid    scripts/cuda/lid_check.cu: the decode lightning indexer (ggml/src/ggml-cuda/dsa-lightning-indexer-decode.cuh)
 #          bit-equal to the earlier decode kernel and vs a double-precision CPU reference, both timed back to back and
 #          with a cold L2 (sattn likewise)
-#   lip    scripts/cuda/lip_check.cu: the patch's two opt-in tensor-core prefill indexers (dsa-lightning-indexer-tc.cuh,
+#   lip    scripts/cuda/lip_check.cu: the patch's two tensor-core prefill indexers (dsa-lightning-indexer-tc.cuh,
 #          dsa-lightning-indexer-mma.cuh) and a first tensor-core prototype against the patch's FP32 prefill kernel
 #          (dsa-lightning-indexer-prefill.cuh) and a CPU reference, all timed
 #

@@ -9,7 +9,7 @@
 // llama.cpp K/V view (cell stride > row size). Then times the 1B / 8B decode shapes (2048 picks, 32K cells).
 // ASQ caches (decoded in the kernel, pre-RoPE keys rotated there): NORM / NEOX, partial RoPE, YaRN, freq factors,
 // 4 / 8 bits, and the 1B / 8B decode shapes' timing.
-// The score-first kernel (dsa_sattn_partial_sf, the patch's opt-in LLAMA_DSA_SATTN_SF=1) runs beside the default one
+// The score-first kernel (dsa_sattn_partial_sf, the patch's default where it applies) runs beside the two-pass one
 // wherever it applies (F16/F32 rows of <= 256 bytes, GQA 1/2/4/8), on the same inputs, bounds and timings.
 // Exit status 0 iff every case is within 2e-5 (ASQ: 1e-4) relative (of the output row's max |value|).
 #include "check_common.cuh"
@@ -159,7 +159,7 @@ static bool run_case(const Case & c, bool timing) {
 
     dsa_sattn_params p = base_params(dq, dk, dv, dm, di, dd, D, nh, nhk, c.n_tps, n_tok, c.n_top, c.n_kv, scale, c.mask_f16);
     p.k_nb1 = p.v_nb1 = (size_t) D*sizeof(T); p.k_nb2 = p.v_nb2 = cell*sizeof(T); p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell*sizeof(T);
-    // the score-first kernel (the patch's opt-in LLAMA_DSA_SATTN_SF=1) where it applies, checked and timed beside
+    // the score-first kernel (the patch's default) where it applies, checked and timed beside
     const bool sf = dsa_sattn_sf_applies(p, D, sizeof(T));
     dsa_sattn_params p_sf = p;
     p_sf.score_first = true;

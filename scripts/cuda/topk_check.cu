@@ -12,8 +12,8 @@
 // first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
 // Where the one-kernel select applies (topk_radix_persist: all of a call's blocks resident at once, e.g. decode rows),
 // it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
-// (columns 1kern_us, 1kern_graph). Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's opt-in
-// LLAMA_DSA_TOPK_CLUSTER=1; rows up to 8 blocks of 1024 threads x 24 keys, 1 or many rows), the same (columns clus_us,
+// (columns 1kern_us, 1kern_graph). Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's default for
+// the rows the one-kernel select does not take; rows up to 8 blocks of 1024 threads x 24 keys, 1 or many rows), the same (columns clus_us,
 // clus_graph).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
