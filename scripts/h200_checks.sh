@@ -39,6 +39,8 @@
 #             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
 #             (lid) the earlier decode kernel, with timings                                          (issue 6)
 #   lidcheck / topkcheck / sattncheck  one of those checks alone (separate steps can run in parallel)   (issue 6)
+#   lidtkcheck  scripts/cuda/lidtk_check.cu: the fused decode indexer + top-k (dsa-lid-topk.cuh) equal to the two
+#             kernels it replaces and to a CPU select, timed back to back, cold L2 and in a 16-call CUDA graph (issue 6)
 #   lipcheck  scripts/cuda/lip_check.cu: three tensor-core prefill indexers (tc = a prototype with relu and weight
 #             through shared memory per head; tc2 = the patch's LLAMA_DSA_PREFILL_TC=1, the |.| identity in
 #             registers; mma = LLAMA_DSA_PREFILL_TC=2, mma.sync, the default) vs the patch's FP32 prefill kernel: error and
@@ -154,6 +156,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   lidcheck) cuda_check lid 30 ;; # the decode lightning indexer alone (also part of cudachecks)
   topkcheck) cuda_check topk 8 ;; # the top-k selects alone (also part of cudachecks; separate steps run in parallel)
   sattncheck) cuda_check sattn 12 ;; # the sparse attention kernels alone (also part of cudachecks)
+  lidtkcheck) cuda_check lidtk 13 ;; # the fused decode indexer + top-k against its two kernels
   cudachecks)
     rc=0
     cuda_check topk 3 || rc=1; cuda_check sattn 3 || rc=1; cuda_check lid 30 || rc=1

@@ -10,6 +10,8 @@
 #   lip    scripts/cuda/lip_check.cu: the patch's two tensor-core prefill indexers (dsa-lightning-indexer-tc.cuh,
 #          dsa-lightning-indexer-mma.cuh) and a first tensor-core prototype against the patch's FP32 prefill kernel
 #          (dsa-lightning-indexer-prefill.cuh) and a CPU reference, all timed
+#   lidtk  scripts/cuda/lidtk_check.cu: the fused decode indexer + top-k kernel (dsa-lid-topk.cuh) against the two
+#          kernels it replaces (direct-load indexer, then topk_radix_persist; equal columns) and a CPU select, timed
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
@@ -22,13 +24,14 @@
 # ~10 s + a few seconds.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip [OUTDIR] [--quick] [--compile-only]}; shift
+CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|lidtk [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
   topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh" ;;
   sattn) HEADERS="dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh" ;;
   lid)   HEADERS="dsa-lightning-indexer-decode.cuh" ;;
   lip)   HEADERS="dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
-  *) echo "unknown check $CHECK (topk, sattn, lid or lip)" >&2; exit 2 ;;
+  lidtk) HEADERS="dsa-lightning-indexer-decode.cuh top-k-radix.cuh top-k-radix-persist.cuh dsa-lid-topk.cuh" ;;
+  *) echo "unknown check $CHECK (topk, sattn, lid, lip or lidtk)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
 QUICK=""; COMPILE_ONLY=0
