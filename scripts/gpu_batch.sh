@@ -31,14 +31,17 @@
 # the reference checkpoint, the data) and its runner, .devshare3/run_d.sh, which sets SDIST / SHARED / WHEELS / WORK
 # and calls this script: STEPS="..." LIMIT=585 OUT=... bash .devshare3/run_d.sh
 #
-# The next round's calls (RESULTS section 4m, "Next"; a cold build takes 300-410 s):
-#   1 (cold): the committed defaults (score-first sparse attention, direct decode indexer, mma.sync prefill indexer,
-#     cluster top-k for prefill rows) checked and measured as one configuration, with same-sweep A/Bs
-#     A=--variant,LLAMA_DSA_TOPK_PERSIST=0,--variant,LLAMA_DSA_PREFILL_TC=0,--variant,LLAMA_DSA_SKIP_MASK_ADD=0
-#     STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100 decodecheck
-#            bench1b=--ctx,65536,$A"
-#   2 (warm, right after): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq bench1b=--ctx,16384:131072,$A wait
-#            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_PERSIST=0,--variant,LLAMA_DSA_SKIP_MASK_ADD=0"
+# How RESULTS section 4n's round ran (a cold build took 447 s; the machine is released 30 s after a call, so the warm
+# calls go out right after each other; OFF = LLAMA_DSA_LID_TOPK=0+LLAMA_DSA_NORM_ROPE=0):
+#   1 (cold): STEPS="bg:retrofit bg:lidtkcheck exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100
+#            decodecheck bench1b=--ctx,65536,--variant,$OFF,--variant,LLAMA_DSA_LID_ROPE=0"
+#   2 (warm): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq bench1b=--ctx,16384:131072,--variant,$OFF wait
+#            bench8b=--ctx,65536:131072,--variant,$OFF"
+#   3 (warm): STEPS="exp:PROF_CTX=131072 exp:PROF_ATTN=sparse profile"
+#   4 (warm): STEPS="exp:LLAMA_DSA_LID_TOPK=0 bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_NORM_ROPE=0
+#            bench8b=--ctx,16384:65536:131072 streams"   (LLAMA_DSA_LID_TOPK=0: then the build's default was 1)
+# A next round follows the same pattern: the build with the standalone check of the new kernel beside it, decodecheck,
+# the grid with the new switch as a same-sweep --variant, asq (PPL against kernels_ref), and a profile.
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
