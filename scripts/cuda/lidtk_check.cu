@@ -8,8 +8,10 @@
 //  - "fused": dsa_lidtk_launch, one kernel;
 // the selected columns must be EQUAL (same set, same column order), and the two-kernel result must equal a CPU
 // select on its own score row (the k largest, ties to the lowest columns, in column order). Cases with a RoPE: the
-// fused kernel takes the query before its NEOX RoPE (dsa_lidtk_rope), the two kernels the query rotated by a
-// reference kernel below (rope.cu's rope_neox arithmetic, written out for ext_factor 0). Inputs: random keys and
+// fused kernel takes the query before its NEOX RoPE (p.rope), the two kernels the query rotated by a
+// reference kernel below (rope.cu's rope_neox arithmetic, written out for ext_factor 0); in those cases the indexer
+// kernel alone with the RoPE folded in (p.rope, LLAMA_DSA_LID_QROPE) must give scores bit-equal to the indexer on
+// the rotated query. Inputs: random keys and
 // queries, the DSA-like mask of lid_check.cu (forced cells, causal -INF tail), and a tie case (every key equal).
 // Times (us per call): back to back (keys in L2), with a cold L2, and as a model uses them: a CUDA graph of 16
 // calls, each on its own key buffer (16 "layers"), per call.
@@ -87,7 +89,7 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
     std::vector<int32_t> pos(S);
     for (int s = 0; s < S; ++s) pos[s] = N - 1 - 3*s;   // the query's position: the last visible cell
     CK(cudaMemcpy(d_pos, pos.data(), S*4, cudaMemcpyHostToDevice));
-    dsa_lidtk_rope rope = {};
+    dsa_lid_rope rope = {};
     if (rope_dims > 0) {
         rope.pos = d_pos; rope.n_dims = rope_dims; rope.freq_scale = 1.0f; rope.ext_factor = 0.0f; rope.attn_factor = 1.0f;
         rope.theta_scale = powf(500000.0f, -2.0f/rope_dims);
@@ -124,8 +126,8 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
     };
     auto run_fused = [&](int l) {
         dsa_lid_params pl = p; pl.k = dk[l];
-        if (rope.pos != nullptr) pl.q = dq;   // the fused kernel rotates it
-        CK(dsa_lidtk_launch(pl, rope, D, S, d_fused, K, ept_f, bpr_f, scr_f, st));
+        if (rope.pos != nullptr) { pl.q = dq; pl.rope = rope; }   // the fused kernel rotates it
+        CK(dsa_lidtk_launch(pl, D, S, d_fused, K, ept_f, bpr_f, scr_f, st));
     };
     CK(cudaMemset(d_two, 0xff, (size_t) S*K*4)); CK(cudaMemset(d_fused, 0xff, (size_t) S*K*4));
     run_two(0); run_fused(0);
@@ -145,10 +147,29 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
         for (int i = 0; i < K; ++i) n_ref_diff += ref[i] != o_two[(size_t) s*K + i];
     }
     bad += n_ref_diff != 0;
+    // the indexer kernel alone with the RoPE folded in (LLAMA_DSA_LID_QROPE): its scores bit-equal to those on q
+    // rotated beforehand (direct-load kernel for D 64 F16 rows, staged kernel for D 128)
+    int n_rope_diff = -1;
+    if (rope.pos != nullptr) {
+        char * dsc2;
+        CK(cudaMalloc(&dsc2, (size_t) S*N*4));
+        dsa_lid_params pr = p; pr.q = dq; pr.rope = rope; pr.dst = dsc2;
+        CK((dsa_lid_launch<half, float>(pr, D, S, st)));
+        CK(cudaStreamSynchronize(st));
+        std::vector<float> sc2((size_t) S*N);
+        CK(cudaMemcpy(sc2.data(), dsc2, sc2.size()*4, cudaMemcpyDeviceToHost));
+        n_rope_diff = 0;
+        for (size_t i = 0; i < sc.size(); ++i) n_rope_diff += memcmp(&sc[i], &sc2[i], 4) != 0;
+        bad += n_rope_diff != 0;
+        CK(cudaFree(dsc2));
+    }
 
     printf("%-4d %-3d %-2d %-7d %-5d %-4s %-4d ept %d/%d bpr %3d/%3d | %s (%d) %s (%d)", D, H, S, N, K, ties ? "ties" : "-", rope_dims,
            ept_t, ept_f, bpr_t, bpr_f, n_diff ? "FUSED DIFFERS" : "fused equal", n_diff,
            n_ref_diff ? "TWO-KERNEL != CPU" : "two-kernel = CPU", n_ref_diff);
+    if (n_rope_diff >= 0) {
+        printf(" | indexer with RoPE folded in: %s (%d)", n_rope_diff ? "SCORES DIFFER" : "scores bit-equal", n_rope_diff);
+    }
     if (timed) {
         const float hot[2]  = {(float) time_us(st, 5, 100, [&] { run_two(0); }), (float) time_us(st, 5, 100, [&] { run_fused(0); })};
         const float cold[2] = {(float) time_us_cold(st, 2, 30, [&] { run_two(0); }), (float) time_us_cold(st, 2, 30, [&] { run_fused(0); })};
