@@ -14,7 +14,8 @@
 // it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
 // (columns 1kern_us, 1kern_graph). Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's default for
 // the rows the one-kernel select does not take; rows up to 8 blocks of 1024 threads x 24 keys, 1 or many rows), the same (columns clus_us,
-// clus_graph).
+// clus_graph). Last, a sweep of the one-kernel select for one decode row over its keys per thread (1-16: fewer blocks
+// per row with more keys each; the patch's LLAMA_DSA_TOPK_PERSIST_MIN_EPT), checked and timed.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
@@ -128,9 +129,10 @@ struct OldPath {
 
 static int nsm_global = 0;
 
-struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; double clus_us, cgraph_us; bool clus; };
+struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; double clus_us, cgraph_us; bool clus; int ept, pbpr; };
 
-static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
+// sweep: the one-kernel select only, planned with at least min_ept keys per thread (topk_radix_persist_plan), timed
+static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool sweep = false, int min_ept = 1) {
     std::vector<float> h;
     fill(h, ncols, nrows, kind);
     float * d_src; int * d_dst; void * d_scr;
@@ -184,7 +186,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
         return check(what_graph) && ok;
     };
 
-    Result res{true, 0, 0, 0, 0, 0, false, 0, 0, false};
+    Result res{true, 0, 0, 0, 0, 0, false, 0, 0, false, 0, 0};
     auto run_new = [&] { CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s)); };
     cudaGraph_t g; cudaGraphExec_t ge;
     res.ok = check_stream_and_graph("stream", "graph", run_new, &g, &ge);
@@ -194,7 +196,9 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
     void * d_pscr = nullptr;
     cudaGraph_t pg = nullptr; cudaGraphExec_t pge = nullptr;
     auto run_persist = [&] { CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s)); };
-    res.persist = topk_radix_persist_applies(ncols, nrows, nsm_global, &ept, &pbpr);
+    res.persist = topk_radix_persist_applies(ncols, nrows, nsm_global, &ept, &pbpr, min_ept);
+    res.ept = ept;
+    res.pbpr = pbpr;
     if (res.persist) {
         CK(cudaMalloc(&d_pscr, topk_radix_persist_scratch_bytes(nrows, pbpr)));
         CK(cudaMemsetAsync(d_pscr, 0xff, topk_radix_persist_scratch_bytes(nrows, pbpr), s)); // garbage before the memset
@@ -205,7 +209,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
     int cept = 0, cblk = 0;
     cudaGraph_t cg = nullptr; cudaGraphExec_t cge = nullptr;
     auto run_cluster = [&] { CK(topk_radix_cluster_launch(d_src, d_dst, ncols, nrows, k, cept, cblk, s)); };
-    res.clus = topk_radix_cluster_applies(ncols, nrows, k, &cept, &cblk);
+    res.clus = !sweep && topk_radix_cluster_applies(ncols, nrows, k, &cept, &cblk);
     if (res.clus) {
         res.ok = check_stream_and_graph("cluster", "cluster graph", run_cluster, &cg, &cge) && res.ok;
     }
@@ -222,9 +226,11 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing) {
             res.clus_us   = time_us(s, 0, reps, run_cluster);
             res.cgraph_us = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(cge, s)); });
         }
-        OldPath old(ncols, nrows, k);
-        old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
-        res.old_us = time_us(s, 0, reps, [&] { old.run(d_src, d_dst, s); });
+        if (!sweep) {
+            OldPath old(ncols, nrows, k);
+            old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
+            res.old_us = time_us(s, 0, reps, [&] { old.run(d_src, d_dst, s); });
+        }
     }
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     if (pge) { CK(cudaGraphExecDestroy(pge)); CK(cudaGraphDestroy(pg)); }
@@ -272,6 +278,21 @@ int main(int argc, char ** argv) {
                 fflush(stdout);
                 all_ok &= r.ok;
             }
+        }
+    }
+    // the one-kernel select of one decode row with more keys per thread (fewer blocks per row):
+    // LLAMA_DSA_TOPK_PERSIST_MIN_EPT in the patch; checked and timed (us per call, back to back and in a CUDA graph)
+    printf("%-6s %-7s %-7s %-4s %-4s %-4s %12s %12s\n", "sweep", "ncols", "min_ept", "ept", "bpr", "ok", "1kern_us", "1kern_graph");
+    for (int ncols : quick ? std::vector<int>{131072} : std::vector<int>{16384, 65536, 131072}) {
+        int prev_ept = 0;
+        for (int min_ept : {1, 2, 4, 8, 16}) {
+            Result r = run_case(ncols, 1, 2048, DSA, true, true, min_ept);
+            if (!r.persist || r.ept == prev_ept) continue;   // not applicable / the plan of a smaller min_ept
+            prev_ept = r.ept;
+            printf("%-6s %-7d %-7d %-4d %-4d %-4s %12.1f %12.1f\n", "DSA", ncols, min_ept, r.ept, r.pbpr, r.ok ? "ok" : "FAIL",
+                   r.persist_us, r.pgraph_us);
+            fflush(stdout);
+            all_ok &= r.ok;
         }
     }
     printf("%s\n", all_ok ? "ALL OK" : "SOME CHECKS FAILED");
