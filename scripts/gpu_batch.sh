@@ -40,12 +40,14 @@
 #   3 (warm): STEPS="exp:PROF_CTX=131072 exp:PROF_ATTN=sparse profile"
 #   4 (warm): STEPS="exp:LLAMA_DSA_LID_TOPK=0 bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_NORM_ROPE=0
 #            bench8b=--ctx,16384:65536:131072 streams"   (LLAMA_DSA_LID_TOPK=0: then the build's default was 1)
-# The next round (RESULTS section 4n "Next": two opt-in switches written after the calls, not yet run on a GPU):
-#   1 (cold): STEPS="bg:retrofit bg:lidtkcheck bg:topkcheck exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait
-#            exp:DC_PREFILL=1100 exp:LLAMA_DSA_LID_QROPE=1 decodecheck exp:LLAMA_DSA_LID_QROPE=0
-#            bench1b=--ctx,65536:131072,--variant,LLAMA_DSA_LID_QROPE=1,--variant,LLAMA_DSA_TOPK_PERSIST_MIN_EPT=E"
-#     (E: the best keys per thread of topkcheck's sweep; lidtkcheck and topkcheck run beside the build)
-#   2 (warm): the 8B file and 16K likewise; asq; profile.
+# The next round (RESULTS section 4n "Next": LLAMA_DSA_LID_QROPE, checked at kernel level, not yet in the model):
+#   1 (cold): STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100
+#            exp:LLAMA_DSA_LID_QROPE=1 decodecheck exp:LLAMA_DSA_LID_QROPE=0
+#            bench1b=--ctx,65536:131072,--variant,LLAMA_DSA_LID_QROPE=1"
+#   2 (warm): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq bench1b=--ctx,16384,--variant,LLAMA_DSA_LID_QROPE=1 wait
+#            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_LID_QROPE=1"
+# Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
+# ran both in 240 s on a cold machine).
 set -uo pipefail
 START=$(date +%s); LIMIT=${LIMIT:-580}
 rem() { local r=$(( LIMIT - ($(date +%s) - START) )); [ $r -gt $1 ] && r=$1; [ $r -lt 1 ] && r=1; echo $r; }
