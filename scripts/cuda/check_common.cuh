@@ -1,15 +1,20 @@
 #pragma once
 // Shared by the standalone CUDA checks in scripts/cuda/ (each still compiles alone with one nvcc line: this
-// header sits next to them): a CUDA error check that exits with status 2, a small deterministic RNG, and two timers:
+// header sits next to them): a CUDA error check that exits with status 2, a small deterministic RNG, the CPU top-k
+// reference of one row (reference_row, in the kernels' key order and tie rule), and two timers:
 // time_us (back-to-back calls: the inputs stay in L2 from one call to the next) and time_us_cold (L2 flushed before
 // each call, as in a model where every layer reads its own cache: a 128K-cell layer's F32 index keys are 33.5 MB,
 // the H200's L2 50 MB, the 16 layers' 536 MB).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(2); } } while (0)
@@ -69,4 +74,28 @@ template <typename F> static double time_us_cold(cudaStream_t s, int warmup, int
         total_us += time_us(s, 0, 1, launch);   // this call alone, after the flush
     }
     return total_us / reps;
+}
+
+// the order-preserving key of a float, as the top-k kernels' topk_radix_key
+static inline uint32_t host_key(float v) {
+    uint32_t b; memcpy(&b, &v, 4);
+    return b ^ ((uint32_t) (-(int32_t) (b >> 31)) | 0x80000000u);
+}
+
+// the top-k reference of one row (topk_check.cu, lidtk_check.cu): the columns of the k largest values in the kernels'
+// total order (host_key: -0 < +0), ties at the k-th value taken by the lowest columns, in ascending column order
+static inline void reference_row(const float * row, int ncols, int k, std::vector<int> & out, std::vector<uint32_t> & keys) {
+    keys.resize(ncols);
+    for (int c = 0; c < ncols; ++c) keys[c] = host_key(row[c]);
+    std::vector<uint32_t> tmp(keys);
+    std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<uint32_t>());
+    const uint32_t thr = tmp[k - 1];
+    int n_gt = 0;
+    for (int c = 0; c < ncols; ++c) n_gt += keys[c] > thr;
+    int take_eq = k - n_gt;
+    out.clear();
+    for (int c = 0; c < ncols; ++c) {
+        if (keys[c] > thr) out.push_back(c);
+        else if (keys[c] == thr && take_eq > 0) { out.push_back(c); --take_eq; }
+    }
 }

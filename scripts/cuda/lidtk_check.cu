@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <vector>
 
 static int g_nsm = 0;
@@ -47,19 +46,6 @@ static __global__ void ref_rope_neox(const float * q, float * out, const int32_t
         o[i0/2] = x0*c - x1*sn;
         o[i0/2 + n_dims/2] = x0*sn + x1*c;
     }
-}
-
-// CPU select on a score row: the k largest (ties: lowest columns), returned in column order
-static std::vector<int> cpu_topk(const float * row, int n, int k) {
-    std::vector<int> idx(n);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
-        const float x = row[a], y = row[b];
-        return x > y; // stable: equal values keep column order
-    });
-    idx.resize(k);
-    std::sort(idx.begin(), idx.end());
-    return idx;
 }
 
 static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int rope_dims = 0) {
@@ -143,7 +129,9 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
     bad += n_diff != 0;
     int n_ref_diff = 0;
     for (int s = 0; s < S; ++s) {
-        const std::vector<int> ref = cpu_topk(sc.data() + (size_t) s*N, N, K);
+        std::vector<int> ref;
+        std::vector<uint32_t> keys;
+        reference_row(sc.data() + (size_t) s*N, N, K, ref, keys);
         for (int i = 0; i < K; ++i) n_ref_diff += ref[i] != o_two[(size_t) s*K + i];
     }
     bad += n_ref_diff != 0;

@@ -36,11 +36,6 @@
 #include <vector>
 
 
-static inline uint32_t host_key(float v) {
-    uint32_t b; memcpy(&b, &v, 4);
-    return b ^ ((uint32_t) (-(int32_t) (b >> 31)) | 0x80000000u);
-}
-
 enum Kind { GAUSS, DSA, TIES, CONST };
 static const char * kind_name(Kind k) { return k == GAUSS ? "gauss" : k == DSA ? "dsa" : k == TIES ? "ties" : "const"; }
 
@@ -67,23 +62,6 @@ static void fill(std::vector<float> & x, int ncols, int nrows, Kind kind) {
             }
             row[c] = v;
         }
-    }
-}
-
-// expected output of one row: see the header comment
-static void reference_row(const float * row, int ncols, int k, std::vector<int> & out, std::vector<uint32_t> & keys) {
-    keys.resize(ncols);
-    for (int c = 0; c < ncols; ++c) keys[c] = host_key(row[c]);
-    std::vector<uint32_t> tmp(keys);
-    std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<uint32_t>());
-    const uint32_t thr = tmp[k - 1];
-    int n_gt = 0;
-    for (int c = 0; c < ncols; ++c) n_gt += keys[c] > thr;
-    int take_eq = k - n_gt;
-    out.clear();
-    for (int c = 0; c < ncols; ++c) {
-        if (keys[c] > thr) out.push_back(c);
-        else if (keys[c] == thr && take_eq > 0) { out.push_back(c); --take_eq; }
     }
 }
 
