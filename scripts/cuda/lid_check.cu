@@ -7,7 +7,8 @@
 //    the new kernel's scores must be BIT-EQUAL to it (same summation order), F32 and F16 keys;
 //  - a double-precision CPU reference of sum_h (w_h * w_scale) * relu(q_h . k) + mask (relative error);
 // and, where it applies (key rows of <= 128 bytes: F16 keys of D <= 64, F32 of D 32), the direct-load form of the same
-// kernel (p.direct, the patch's default; LLAMA_DSA_LID_DIRECT=0 turns it off), which must be BIT-EQUAL too;
+// kernel (p.direct, the patch's default; LLAMA_DSA_LID_DIRECT=0 turns it off), which must be BIT-EQUAL too, and its
+// packed form (p.packed, F16 keys, 1 / 2 / 4 heads; LLAMA_DSA_LID_PACKED=0 turns it off), BIT-EQUAL as well;
 // and times them at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams: back to back (the
 // keys stay in L2 from call to call) and with a cold L2 (time_us_cold: as in a model, where each layer's keys come
 // from HBM).
@@ -123,6 +124,10 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     dsa_lid_params p_old = p; p_old.dst = d0;
     dsa_lid_params p_dir = p; p_dir.dst = d2; p_dir.direct = true;
     const bool direct = dsa_lid_direct_applies(D, sizeof(TK));
+    char * d3;
+    CK(cudaMalloc(&d3, (size_t) S*N*4));
+    dsa_lid_params p_pk = p_dir; p_pk.dst = d3; p_pk.packed = true;
+    const bool packed = direct && sizeof(TK) == 2 && dsa_lid_packed_heads(H);
 
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_new = [&]() {
@@ -133,17 +138,24 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
         cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_dir, D, S, st) : dsa_lid_launch<TK, float>(p_dir, D, S, st);
         if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
     };
+    auto run_pk = [&]() {
+        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_pk, D, S, st) : dsa_lid_launch<TK, float>(p_pk, D, S, st);
+        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
+    };
     auto run_o = [&]() { if (mask_f16) run_old<TK, __half>(p_old, D, S, st); else run_old<TK, float>(p_old, D, S, st); };
     CK(cudaMemset(d0, 0xff, (size_t) S*N*4)); CK(cudaMemset(d1, 0xff, (size_t) S*N*4)); CK(cudaMemset(d2, 0xff, (size_t) S*N*4));
-    run_o(); run_new(); if (direct) run_dir();
+    CK(cudaMemset(d3, 0xff, (size_t) S*N*4));
+    run_o(); run_new(); if (direct) run_dir(); if (packed) run_pk();
     CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
-    std::vector<float> o0((size_t) S*N), o1((size_t) S*N), o2((size_t) S*N);
+    std::vector<float> o0((size_t) S*N), o1((size_t) S*N), o2((size_t) S*N), o3((size_t) S*N);
+    CK(cudaMemcpy(o3.data(), d3, o3.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o0.data(), d0, o0.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o2.data(), d2, o2.size()*4, cudaMemcpyDeviceToHost));
     const bool same     = memcmp(o0.data(), o1.data(), o0.size()*4) == 0;
     const bool same_dir = !direct || memcmp(o0.data(), o2.data(), o0.size()*4) == 0;
-    int bad = (same ? 0 : 1) + (same_dir ? 0 : 1);
+    const bool same_pk  = !packed || memcmp(o0.data(), o3.data(), o0.size()*4) == 0;
+    int bad = (same ? 0 : 1) + (same_dir ? 0 : 1) + (same_pk ? 0 : 1);
     double err = 0;
     for (int s = 0; s < S; ++s) for (int j = 0; j < N; j += 7) {
         double acc = 0;
@@ -175,9 +187,12 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     if (direct) {
         printf(" | direct %9.2f cold %9.2f %s", us_dir, cold_dir, same_dir ? "bit-equal" : "NOT BIT-EQUAL");
     }
+    if (packed) {
+        printf(" | packed %9.2f cold %9.2f %s", time_it(run_pk), time_cold(run_pk), same_pk ? "bit-equal" : "NOT BIT-EQUAL");
+    }
     printf("\n");
     CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(d0)); CK(cudaFree(d1)); CK(cudaFree(d2));
-    CK(cudaStreamDestroy(st));
+    CK(cudaFree(d3)); CK(cudaStreamDestroy(st));
     return bad;
 }
 
@@ -195,6 +210,9 @@ int main(int argc, char ** argv) {
     bad += check<float>(64, 4, 1000, 1, false);     // partial last tile
     bad += check<float>(128, 4, 777, 2, false);     // partial tile, 2 streams
     bad += check<__half>(64, 8, 32768, 2, true);    // 8 heads, 2 streams, F16 mask
+    bad += check<__half>(64, 4, 33000, 2, true);    // packed: 2 streams, F16 mask, partial last tile
+    bad += check<__half>(64, 2, 5000, 1, false);    // packed: 2 heads
+    bad += check<__half>(32, 1, 4096, 1, false);    // packed: 1 head, D 32
     bad += check<float>(64, 16, 32768, 1, false);   // 16 heads
     printf(bad ? "MISMATCHES: %d\n" : "ALL OK\n", bad);
     return bad ? 1 : 0;

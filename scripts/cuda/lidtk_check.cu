@@ -11,7 +11,10 @@
 // fused kernel takes the query before its NEOX RoPE (p.rope), the two kernels the query rotated by a
 // reference kernel below (rope.cu's rope_neox arithmetic, written out for ext_factor 0); in those cases the indexer
 // kernel alone with the RoPE folded in (p.rope, LLAMA_DSA_LID_QROPE) must give scores bit-equal to the indexer on
-// the rotated query. Inputs: random keys and
+// the rotated query. And "new" (the session-15 defaults, LLAMA_DSA_LID_PACKED / LLAMA_DSA_TOPK_CLEAN): the packed
+// indexer kernel (the query's RoPE folded in where the case has one), then the SELF-CLEANING persistent top-k on a
+// scratch zeroed once (no memset), three calls in a row: scores bit-equal to the two kernels', columns equal each
+// time (a scratch the previous call left dirty would break the second call). Inputs: random keys and
 // queries, the DSA-like mask of lid_check.cu (forced cells, causal -INF tail), and a tie case (every key equal).
 // Times (us per call): back to back (keys in L2), with a cold L2, and as a model uses them: a CUDA graph of 16
 // calls, each on its own key buffer (16 "layers"), per call.
@@ -100,9 +103,13 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
                ties ? "ties" : "-", rope_dims, two_ok, fused_ok);
         return two_ok != fused_ok && D != 32 ? 1 : 0;
     }
-    void *scr_t, *scr_f;
+    void *scr_t, *scr_f, *scr_c;
     CK(cudaMalloc(&scr_t, topk_radix_persist_scratch_bytes(S, bpr_t)));
     CK(cudaMalloc(&scr_f, topk_radix_persist_scratch_bytes(S, bpr_f)));
+    CK(cudaMalloc(&scr_c, topk_radix_persist_clean_bytes(g_nsm)));            // the self-cleaning top-k's scratch:
+    CK(cudaMemset(scr_c, 0, topk_radix_persist_zero_bytes(g_nsm)));             // zeroed once, as the ggml op does
+    char * dsc3; int * d_new;
+    CK(cudaMalloc(&dsc3, (size_t) S*N*4)); CK(cudaMalloc(&d_new, (size_t) S*K*4));
 
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_two = [&](int l) {
@@ -114,6 +121,14 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
         dsa_lid_params pl = p; pl.k = dk[l];
         if (rope.pos != nullptr) { pl.q = dq; pl.rope = rope; }   // the fused kernel rotates it
         CK(dsa_lidtk_launch(pl, D, S, d_fused, K, ept_f, bpr_f, scr_f, st));
+    };
+    // "new" (the session-15 defaults): the packed indexer (p.packed; with the query's RoPE folded in where the case has
+    // one), then the self-cleaning top-k on its own scratch (no memset)
+    auto run_new = [&](int l) {
+        dsa_lid_params pl = p; pl.k = dk[l]; pl.packed = true; pl.dst = dsc3;
+        if (rope.pos != nullptr) { pl.q = dq; pl.rope = rope; }
+        CK((dsa_lid_launch<half, float>(pl, D, S, st)));
+        CK(topk_radix_persist_launch((const float *) dsc3, d_new, N, S, K, ept_t, bpr_t, scr_c, st, g_nsm));
     };
     CK(cudaMemset(d_two, 0xff, (size_t) S*K*4)); CK(cudaMemset(d_fused, 0xff, (size_t) S*K*4));
     run_two(0); run_fused(0);
@@ -152,32 +167,53 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
         CK(cudaFree(dsc2));
     }
 
+    // the new path, three calls in a row on the same clean scratch (each must leave it zeroed for the next): scores
+    // bit-equal to the two kernels', columns equal
+    int n_new_sc = 0, n_new_cols = 0;
+    std::vector<float> sc3((size_t) S*N);
+    std::vector<int> o_new((size_t) S*K);
+    for (int rep = 0; rep < 3; ++rep) {
+        CK(cudaMemset(d_new, 0xff, (size_t) S*K*4));
+        run_new(0);
+        CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+        CK(cudaMemcpy(sc3.data(), dsc3, sc3.size()*4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(o_new.data(), d_new, o_new.size()*4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < sc.size(); ++i) n_new_sc += memcmp(&sc[i], &sc3[i], 4) != 0;
+        for (size_t i = 0; i < o_two.size(); ++i) n_new_cols += o_two[i] != o_new[i];
+    }
+    bad += n_new_sc != 0;
+    bad += n_new_cols != 0;
+
     printf("%-4d %-3d %-2d %-7d %-5d %-4s %-4d ept %d/%d bpr %3d/%3d | %s (%d) %s (%d)", D, H, S, N, K, ties ? "ties" : "-", rope_dims,
            ept_t, ept_f, bpr_t, bpr_f, n_diff ? "FUSED DIFFERS" : "fused equal", n_diff,
            n_ref_diff ? "TWO-KERNEL != CPU" : "two-kernel = CPU", n_ref_diff);
     if (n_rope_diff >= 0) {
         printf(" | indexer with RoPE folded in: %s (%d)", n_rope_diff ? "SCORES DIFFER" : "scores bit-equal", n_rope_diff);
     }
+    printf(" | new (packed%s + clean top-k, 3 calls): %s (%d), %s (%d)", rope.pos != nullptr ? " + RoPE" : "",
+           n_new_sc ? "SCORES DIFFER" : "scores bit-equal", n_new_sc, n_new_cols ? "COLUMNS DIFFER" : "columns equal", n_new_cols);
     if (timed) {
-        const float hot[2]  = {(float) time_us(st, 5, 100, [&] { run_two(0); }), (float) time_us(st, 5, 100, [&] { run_fused(0); })};
-        const float cold[2] = {(float) time_us_cold(st, 2, 30, [&] { run_two(0); }), (float) time_us_cold(st, 2, 30, [&] { run_fused(0); })};
-        float graph[2];
-        for (int v = 0; v < 2; ++v) {
+        const float hot[3]  = {(float) time_us(st, 5, 100, [&] { run_two(0); }), (float) time_us(st, 5, 100, [&] { run_fused(0); }),
+                               (float) time_us(st, 5, 100, [&] { run_new(0); })};
+        const float cold[3] = {(float) time_us_cold(st, 2, 30, [&] { run_two(0); }), (float) time_us_cold(st, 2, 30, [&] { run_fused(0); }),
+                               (float) time_us_cold(st, 2, 30, [&] { run_new(0); })};
+        float graph[3];
+        for (int v = 0; v < 3; ++v) {
             cudaGraph_t g; cudaGraphExec_t ge;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int l = 0; l < LAYERS; ++l) { if (v == 0) run_two(l); else run_fused(l); }
+            for (int l = 0; l < LAYERS; ++l) { if (v == 0) run_two(l); else if (v == 1) run_fused(l); else run_new(l); }
             CK(cudaStreamEndCapture(st, &g));
             CK(cudaGraphInstantiate(&ge, g, 0));
             graph[v] = (float) time_us(st, 3, 20, [&] { CK(cudaGraphLaunch(ge, st)); }) / LAYERS;
             CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
         }
-        printf(" | us two/fused: hot %7.2f %7.2f (%.2fx) cold %7.2f %7.2f (%.2fx) graph %7.2f %7.2f (%.2fx)",
-               hot[0], hot[1], hot[0]/hot[1], cold[0], cold[1], cold[0]/cold[1], graph[0], graph[1], graph[0]/graph[1]);
+        printf(" | us two/fused/new: hot %7.2f %7.2f %7.2f cold %7.2f %7.2f %7.2f graph %7.2f %7.2f %7.2f (two/new %.2fx)",
+               hot[0], hot[1], hot[2], cold[0], cold[1], cold[2], graph[0], graph[1], graph[2], graph[0]/graph[2]);
     }
     printf("\n");
     for (int l = 0; l < LAYERS; ++l) CK(cudaFree(dk[l]));
     CK(cudaFree(dq)); CK(cudaFree(dq_rot)); CK(cudaFree(d_pos)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(dsc)); CK(cudaFree(d_two)); CK(cudaFree(d_fused));
-    CK(cudaFree(scr_t)); CK(cudaFree(scr_f)); CK(cudaStreamDestroy(st));
+    CK(cudaFree(scr_t)); CK(cudaFree(scr_f)); CK(cudaFree(scr_c)); CK(cudaFree(dsc3)); CK(cudaFree(d_new)); CK(cudaStreamDestroy(st));
     return bad;
 }
 
