@@ -11,7 +11,7 @@
 // fused kernel takes the query before its NEOX RoPE (p.rope), the two kernels the query rotated by a
 // reference kernel below (rope.cu's rope_neox arithmetic, written out for ext_factor 0); in those cases the indexer
 // kernel alone with the RoPE folded in (p.rope, LLAMA_DSA_LID_QROPE) must give scores bit-equal to the indexer on
-// the rotated query. And "new" (the session-15 defaults, LLAMA_DSA_LID_PACKED / LLAMA_DSA_TOPK_CLEAN): the packed
+// the rotated query. And "new" (LLAMA_DSA_LID_PACKED, default, + the opt-in LLAMA_DSA_TOPK_CLEAN=1): the packed
 // indexer kernel (the query's RoPE folded in where the case has one), then the SELF-CLEANING persistent top-k on a
 // scratch zeroed once (no memset), three calls in a row: scores bit-equal to the two kernels', columns equal each
 // time (a scratch the previous call left dirty would break the second call). Inputs: random keys and
@@ -122,7 +122,7 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
         if (rope.pos != nullptr) { pl.q = dq; pl.rope = rope; }   // the fused kernel rotates it
         CK(dsa_lidtk_launch(pl, D, S, d_fused, K, ept_f, bpr_f, scr_f, st));
     };
-    // "new" (the session-15 defaults): the packed indexer (p.packed; with the query's RoPE folded in where the case has
+    // "new": the packed indexer (p.packed; with the query's RoPE folded in where the case has
     // one), then the self-cleaning top-k on its own scratch (no memset)
     auto run_new = [&](int l) {
         dsa_lid_params pl = p; pl.k = dk[l]; pl.packed = true; pl.dst = dsc3;
