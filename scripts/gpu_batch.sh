@@ -31,21 +31,18 @@
 # the reference checkpoint, the data) and its runner, .devshare3/run_d.sh, which sets SDIST / SHARED / WHEELS / WORK
 # and calls this script: STEPS="..." LIMIT=585 OUT=... bash .devshare3/run_d.sh
 #
-# How RESULTS section 4n's round ran (a cold build took 447 s; the machine is released 30 s after a call, so the warm
-# calls go out right after each other; OFF = LLAMA_DSA_LID_TOPK=0+LLAMA_DSA_NORM_ROPE=0):
-#   1 (cold): STEPS="bg:retrofit bg:lidtkcheck exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100
-#            decodecheck bench1b=--ctx,65536,--variant,$OFF,--variant,LLAMA_DSA_LID_ROPE=0"
-#   2 (warm): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq bench1b=--ctx,16384:131072,--variant,$OFF wait
-#            bench8b=--ctx,65536:131072,--variant,$OFF"
-#   3 (warm): STEPS="exp:PROF_CTX=131072 exp:PROF_ATTN=sparse profile"
-#   4 (warm): STEPS="exp:LLAMA_DSA_LID_TOPK=0 bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_NORM_ROPE=0
-#            bench8b=--ctx,16384:65536:131072 streams"   (LLAMA_DSA_LID_TOPK=0: then the build's default was 1)
-# The next round (RESULTS section 4n "Next": LLAMA_DSA_LID_QROPE, checked at kernel level, not yet in the model):
-#   1 (cold): STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100
-#            exp:LLAMA_DSA_LID_QROPE=1 decodecheck exp:LLAMA_DSA_LID_QROPE=0
-#            bench1b=--ctx,65536:131072,--variant,LLAMA_DSA_LID_QROPE=1"
-#   2 (warm): STEPS="synth8bg exp:ASQ_ARGS=--kv,f16 asq bench1b=--ctx,16384,--variant,LLAMA_DSA_LID_QROPE=1 wait
-#            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_LID_QROPE=1"
+# How RESULTS section 4o's round ran (a cold build took 459 s; the machine is released 30 s after a call, so the warm
+# calls go out right after each other; OFF3 = LLAMA_DSA_LID_QROPE=0+LLAMA_DSA_LID_PACKED=0+LLAMA_DSA_TOPK_CLEAN=0):
+#   1 (cold): STEPS="bg:retrofit bg:lidtkcheck bg:lidcheck exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait
+#            exp:DC_PREFILL=1100 decodecheck bench1b=--ctx,131072,--variant,$OFF3"
+#   2 (warm): STEPS="synth8bg bench1b=--ctx,131072,--attn,sparse,--variant,...(one switch off each) exp:ASQ_ARGS=--kv,f16 asq
+#            wait bench8b=--ctx,131072,--attn,sparse,--variant,$OFF3"
+#   3 (warm): STEPS="exp:PROF_CTX=131072 exp:PROF_ATTN=sparse profile bench1b=--ctx,65536,--attn,sparse,--variant,..."
+#   5 (warm): STEPS="exp:LLAMA_DSA_TOPK_CLEAN=0 bench1b=--ctx,16384:65536:131072,--variant,$OFF3,--gen,33
+#            bench8b=--ctx,16384:65536:131072,--gen,33"   (then the build's default had the self-cleaning top-k on)
+# A bench step appends to a file named after its arguments in WORK, which stays while the machine is warm: a later
+# step with the same first 60 characters of arguments adds its rows to the earlier ones (give it a distinct argument,
+# e.g. --gen,33; the runner's own --gen 32 comes last and wins).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
