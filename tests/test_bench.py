@@ -90,9 +90,10 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
         # llama.cpp reuses the decode graph from the 2nd decoded token on, for the DSA graph too (a graph that
         # cannot be reused is rebuilt, re-allocated and, on CUDA, re-captured every token)
         assert x["llama_perf_ms"]["n_graphs_reused"] >= 3, x["llama_perf_ms"]
-        # the patch timed the host part of exactly the --gen timed decodes (not the warm-up / indexer-only ones)
+        # the patch timed the host part of exactly the --gen timed decodes (not the warm-up / indexer-only ones);
+        # ggml_time_us ticks in whole microseconds, so a tiny model's inputs (< 1 us a token) can average 0.0
         host = x["host_us_per_decode_token"]
-        assert host["n"] == 4 and host["inputs"] > 0 and host["launch"] > 0, host
+        assert host["n"] == 4 and host["inputs"] >= 0 and host["launch"] > 0, host
         print(f"tiny cpu ctx={x['ctx']} {x['attn']}: prefill {x['prefill_tok_s']} tok/s, decode {x['decode_tok_s']} "
               f"tok/s, kv {x['kv_bytes']} B ({x['kv_bytes_per_token']} B/token, {x['kv_cells']} cells)")
     by = {(x["ctx"], x["attn"]): x for x in rows}
