@@ -43,6 +43,10 @@
 # A bench step appends to a file named after its arguments in WORK, which stays while the machine is warm: a later
 # step with the same first 60 characters of arguments adds its rows to the earlier ones (give it a distinct argument,
 # e.g. --gen,33; the runner's own --gen 32 comes last and wins).
+# The next round (RESULTS section 4o "Next"): LLAMA_DSA_TOPK_CLEAN=2 (the self-cleaning top-k with a plain launch) against
+# =1 and the default, then whatever new decode design is written:
+#   1 (cold): STEPS="bg:lidtkcheck exp:TMAX=540 build exp:TMAX=300 synthbg wait exp:DC_PREFILL=1100 decodecheck
+#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_TOPK_CLEAN=1,--variant,LLAMA_DSA_TOPK_CLEAN=2,--variant,LLAMA_DSA_LID_QROPE=1"
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
