@@ -14,7 +14,11 @@
 // the rotated query. And "new" (LLAMA_DSA_LID_PACKED, default, + the opt-in LLAMA_DSA_TOPK_CLEAN=1): the packed
 // indexer kernel (the query's RoPE folded in where the case has one), then the SELF-CLEANING persistent top-k on a
 // scratch zeroed once (no memset), three calls in a row: scores bit-equal to the two kernels', columns equal each
-// time (a scratch the previous call left dirty would break the second call). Inputs: random keys and
+// time (a scratch the previous call left dirty would break the second call). And "carry" (LLAMA_DSA_TOPK_CARRY,
+// dsa-topk-carry.cuh): the packed indexer appending the cells at or above the carried threshold, then the one-block
+// select; run 4 times in a row (the first call finds a garbage tau: NaN), then on a second, unrelated query twice,
+// then with tau forced to +INF and to -INF: columns equal to the two kernels' every time, and the path each call took
+// (F fast, S sampled threshold, X exact row select) printed. Inputs: random keys and
 // queries, the DSA-like mask of lid_check.cu (forced cells, causal -INF tail), and a tie case (every key equal).
 // Times (us per call): back to back (keys in L2), with a cold L2, and as a model uses them: a CUDA graph of 16
 // calls, each on its own key buffer (16 "layers"), per call.
@@ -30,9 +34,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 static int g_nsm = 0;
+static size_t g_smpbo = 0; // shared memory per block with opt-in
 
 // NEOX RoPE of q [S][H][D] (one token per stream at position pos[s]) as rope.cu's rope_neox with ext_factor 0
 static __global__ void ref_rope_neox(const float * q, float * out, const int32_t * pos, int H, int D, int n_dims,
@@ -110,6 +116,14 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
     CK(cudaMemset(scr_c, 0, topk_radix_persist_zero_bytes(g_nsm)));             // zeroed once, as the ggml op does
     char * dsc3; int * d_new;
     CK(cudaMalloc(&dsc3, (size_t) S*N*4)); CK(cudaMalloc(&d_new, (size_t) S*K*4));
+    // the carried-threshold top-k: scratch (counts zeroed once), one tau slot per layer (garbage: NaN), counters
+    const bool carry_ok = dsa_topk_carry_applies(N, S, K, g_smpbo);
+    char * carry_scr; float * carry_tau; unsigned long long * carry_stats; int * d_carry; char * dsc4;
+    const size_t cand_bytes = (size_t) DSA_CARRY_MAX_ROWS*DSA_CARRY_CAP*sizeof(uint2);
+    CK(cudaMalloc(&carry_scr, cand_bytes + DSA_CARRY_MAX_ROWS*8)); CK(cudaMemset(carry_scr, 0, cand_bytes + DSA_CARRY_MAX_ROWS*8));
+    CK(cudaMalloc(&carry_tau, (size_t) LAYERS*DSA_CARRY_MAX_ROWS*4)); CK(cudaMemset(carry_tau, 0xff, (size_t) LAYERS*DSA_CARRY_MAX_ROWS*4));
+    CK(cudaMalloc(&carry_stats, DSA_CARRY_NSTATS*8)); CK(cudaMemset(carry_stats, 0, DSA_CARRY_NSTATS*8));
+    CK(cudaMalloc(&d_carry, (size_t) S*K*4)); CK(cudaMalloc(&dsc4, (size_t) S*N*4));
 
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_two = [&](int l) {
@@ -129,6 +143,19 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
         if (rope.pos != nullptr) { pl.q = dq; pl.rope = rope; }
         CK((dsa_lid_launch<half, float>(pl, D, S, st)));
         CK(topk_radix_persist_launch((const float *) dsc3, d_new, N, S, K, ept_t, bpr_t, scr_c, st, g_nsm));
+    };
+    // "carry": the packed indexer appending candidates at or above layer l's carried threshold, then the select
+    const char * q_carry = dq;
+    auto run_carry = [&](int l) {
+        dsa_lid_params pl = p; pl.k = dk[l]; pl.packed = true; pl.dst = dsc4;
+        if (rope.pos != nullptr) { pl.q = q_carry; pl.rope = rope; } else { pl.q = q_carry == dq ? dq_rot : q_carry; }
+        pl.carry.cand  = (uint2 *) carry_scr;
+        pl.carry.count = (int *) (carry_scr + cand_bytes);
+        pl.carry.c_cur = (float *) (carry_scr + cand_bytes + DSA_CARRY_MAX_ROWS*4);
+        pl.carry.tau   = carry_tau + (size_t) l*DSA_CARRY_MAX_ROWS;
+        pl.carry.stats = carry_stats;
+        CK((dsa_lid_launch<half, float>(pl, D, S, st)));
+        CK(dsa_topk_carry_launch((const float *) dsc4, N, N, S, d_carry, K, pl.carry, st));
     };
     CK(cudaMemset(d_two, 0xff, (size_t) S*K*4)); CK(cudaMemset(d_fused, 0xff, (size_t) S*K*4));
     run_two(0); run_fused(0);
@@ -184,6 +211,56 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
     bad += n_new_sc != 0;
     bad += n_new_cols != 0;
 
+    // the carried-threshold top-k: each call's columns against the two kernels' (against a CPU select on the call's
+    // own scores for the second query), the path of each call from the counters (one row per stream: S counts)
+    int n_carry_cols = 0;
+    std::string carry_paths;
+    if (carry_ok) {
+        std::vector<int> o_c((size_t) S*K);
+        unsigned long long prev[DSA_CARRY_NSTATS] = {};
+        auto one = [&](const std::vector<int> * want) {
+            CK(cudaMemset(d_carry, 0xff, (size_t) S*K*4));
+            run_carry(0);
+            CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+            CK(cudaMemcpy(o_c.data(), d_carry, o_c.size()*4, cudaMemcpyDeviceToHost));
+            if (want != nullptr) {
+                for (size_t i = 0; i < o_c.size(); ++i) n_carry_cols += (*want)[i] != o_c[i];
+            } else {   // against a CPU select on this call's scores
+                std::vector<float> sc4((size_t) S*N);
+                CK(cudaMemcpy(sc4.data(), dsc4, sc4.size()*4, cudaMemcpyDeviceToHost));
+                for (int s = 0; s < S; ++s) {
+                    std::vector<int> ref; std::vector<uint32_t> keys;
+                    reference_row(sc4.data() + (size_t) s*N, N, K, ref, keys);
+                    for (int i = 0; i < K; ++i) n_carry_cols += ref[i] != o_c[(size_t) s*K + i];
+                }
+            }
+            unsigned long long now[DSA_CARRY_NSTATS];
+            CK(cudaMemcpy(now, carry_stats, sizeof(now), cudaMemcpyDeviceToHost));
+            for (int j = 0; j < DSA_CARRY_NSTATS; ++j) for (unsigned long long r = prev[j]; r < now[j]; ++r) carry_paths += "FSX"[j];
+            memcpy(prev, now, sizeof(now));
+        };
+        for (int rep = 0; rep < 4; ++rep) one(&o_two);
+        carry_paths += " newq ";
+        std::vector<float> q2(q.size());
+        for (auto & x : q2) x = nrand();
+        char * dq2;
+        CK(cudaMalloc(&dq2, q2.size()*4));
+        CK(cudaMemcpy(dq2, q2.data(), q2.size()*4, cudaMemcpyHostToDevice));
+        q_carry = dq2;    // unrotated; with a RoPE case the kernel rotates it, else it is used as is
+        one(nullptr); one(nullptr);
+        q_carry = dq;
+        const float inf[2] = {INFINITY, -INFINITY};
+        for (int j = 0; j < 2; ++j) {
+            carry_paths += j == 0 ? " tau+inf " : " tau-inf ";
+            std::vector<float> t(DSA_CARRY_MAX_ROWS, inf[j]);
+            CK(cudaMemcpy(carry_tau, t.data(), t.size()*4, cudaMemcpyHostToDevice));
+            one(&o_two);
+        }
+        one(&o_two);   // back to the carried value
+        CK(cudaFree(dq2));
+        bad += n_carry_cols != 0;
+    }
+
     printf("%-4d %-3d %-2d %-7d %-5d %-4s %-4d ept %d/%d bpr %3d/%3d | %s (%d) %s (%d)", D, H, S, N, K, ties ? "ties" : "-", rope_dims,
            ept_t, ept_f, bpr_t, bpr_f, n_diff ? "FUSED DIFFERS" : "fused equal", n_diff,
            n_ref_diff ? "TWO-KERNEL != CPU" : "two-kernel = CPU", n_ref_diff);
@@ -192,28 +269,38 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
     }
     printf(" | new (packed%s + clean top-k, 3 calls): %s (%d), %s (%d)", rope.pos != nullptr ? " + RoPE" : "",
            n_new_sc ? "SCORES DIFFER" : "scores bit-equal", n_new_sc, n_new_cols ? "COLUMNS DIFFER" : "columns equal", n_new_cols);
+    if (carry_ok) {
+        printf(" | carry: %s (%d), paths %s", n_carry_cols ? "COLUMNS DIFFER" : "columns equal", n_carry_cols, carry_paths.c_str());
+    } else {
+        printf(" | carry: not applicable");
+    }
     if (timed) {
-        const float hot[3]  = {(float) time_us(st, 5, 100, [&] { run_two(0); }), (float) time_us(st, 5, 100, [&] { run_fused(0); }),
-                               (float) time_us(st, 5, 100, [&] { run_new(0); })};
-        const float cold[3] = {(float) time_us_cold(st, 2, 30, [&] { run_two(0); }), (float) time_us_cold(st, 2, 30, [&] { run_fused(0); }),
-                               (float) time_us_cold(st, 2, 30, [&] { run_new(0); })};
-        float graph[3];
-        for (int v = 0; v < 3; ++v) {
+        // carry: the same inputs every call, so after the first call each takes the fast path (the model's tokens
+        // differ: see the paths above and the model's counters)
+        auto run_v = [&](int v, int l) { if (v == 0) run_two(l); else if (v == 1) run_fused(l); else if (v == 2) run_new(l); else run_carry(l); };
+        const int nv = carry_ok ? 4 : 3;
+        float hot[4] = {0, 0, 0, 0}, cold[4] = {0, 0, 0, 0}, graph[4] = {0, 0, 0, 0};
+        for (int v = 0; v < nv; ++v) {
+            hot[v]  = (float) time_us(st, 5, 100, [&] { run_v(v, 0); });
+            cold[v] = (float) time_us_cold(st, 2, 30, [&] { run_v(v, 0); });
             cudaGraph_t g; cudaGraphExec_t ge;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int l = 0; l < LAYERS; ++l) { if (v == 0) run_two(l); else if (v == 1) run_fused(l); else run_new(l); }
+            for (int l = 0; l < LAYERS; ++l) run_v(v, l);
             CK(cudaStreamEndCapture(st, &g));
             CK(cudaGraphInstantiate(&ge, g, 0));
             graph[v] = (float) time_us(st, 3, 20, [&] { CK(cudaGraphLaunch(ge, st)); }) / LAYERS;
             CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
         }
-        printf(" | us two/fused/new: hot %7.2f %7.2f %7.2f cold %7.2f %7.2f %7.2f graph %7.2f %7.2f %7.2f (two/new %.2fx)",
-               hot[0], hot[1], hot[2], cold[0], cold[1], cold[2], graph[0], graph[1], graph[2], graph[0]/graph[2]);
+        printf(" | us two/fused/new/carry: hot %7.2f %7.2f %7.2f %7.2f cold %7.2f %7.2f %7.2f %7.2f graph %7.2f %7.2f %7.2f %7.2f"
+               " (two/new %.2fx, two/carry %.2fx)", hot[0], hot[1], hot[2], hot[3], cold[0], cold[1], cold[2], cold[3],
+               graph[0], graph[1], graph[2], graph[3], graph[0]/graph[2], carry_ok ? graph[0]/graph[3] : 0.0f);
     }
     printf("\n");
     for (int l = 0; l < LAYERS; ++l) CK(cudaFree(dk[l]));
     CK(cudaFree(dq)); CK(cudaFree(dq_rot)); CK(cudaFree(d_pos)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(dsc)); CK(cudaFree(d_two)); CK(cudaFree(d_fused));
-    CK(cudaFree(scr_t)); CK(cudaFree(scr_f)); CK(cudaFree(scr_c)); CK(cudaFree(dsc3)); CK(cudaFree(d_new)); CK(cudaStreamDestroy(st));
+    CK(cudaFree(scr_t)); CK(cudaFree(scr_f)); CK(cudaFree(scr_c)); CK(cudaFree(dsc3)); CK(cudaFree(d_new));
+    CK(cudaFree(carry_scr)); CK(cudaFree(carry_tau)); CK(cudaFree(carry_stats)); CK(cudaFree(d_carry)); CK(cudaFree(dsc4));
+    CK(cudaStreamDestroy(st));
     return bad;
 }
 
@@ -222,6 +309,9 @@ int main(int argc, char ** argv) {
     int dev = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&g_nsm, cudaDevAttrMultiProcessorCount, dev));
+    int smpbo = 0;
+    CK(cudaDeviceGetAttribute(&smpbo, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    g_smpbo = (size_t) smpbo;
     printf("SMs %d\n%-4s %-3s %-2s %-7s %-5s %-4s %-4s\n", g_nsm, "D", "H", "S", "n_kv", "k", "case", "rope");
     int bad = 0;
     for (int N : quick ? std::vector<int>{16384, 131072} : std::vector<int>{4096, 16384, 65536, 131072}) {
