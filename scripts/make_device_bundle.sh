@@ -35,7 +35,7 @@ fi
 tar xzf "$sdist" -C "$tmp"
 v=$tmp/llama_cpp_python-$VER/vendor/llama.cpp
 rm -rf "$tmp/llama_cpp_python-$VER/.git" "$v/.git" "$v/models" "$v/docs" "$v/tests" "$v/benches" "$v/media" "$v/tools/ui" \
-       "$v"/tools/mtmd/*.mp4
+       "$v"/tools/mtmd/*.mp4 "$v/AUTHORS" "$v/grammars" "$v/examples/llama.android" "$v/examples/llama.swiftui"
 mkdir -p "$v/tests" "$v/models" && touch "$v/tests/CMakeLists.txt"
 tar czf "$DIR/llama-trim.tar.gz" -C "$tmp" "llama_cpp_python-$VER"
 
