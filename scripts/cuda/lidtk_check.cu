@@ -236,7 +236,7 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
             }
             unsigned long long now[DSA_CARRY_NSTATS];
             CK(cudaMemcpy(now, carry_stats, sizeof(now), cudaMemcpyDeviceToHost));
-            for (int j = 0; j < DSA_CARRY_NSTATS; ++j) for (unsigned long long r = prev[j]; r < now[j]; ++r) carry_paths += "FSX"[j];
+            for (int j = 0; j < 3; ++j) for (unsigned long long r = prev[j]; r < now[j]; ++r) carry_paths += "FSX"[j];
             memcpy(prev, now, sizeof(now));
         };
         for (int rep = 0; rep < 4; ++rep) one(&o_two);
