@@ -43,10 +43,15 @@
 # A bench step appends to a file named after its arguments in WORK, which stays while the machine is warm: a later
 # step with the same first 60 characters of arguments adds its rows to the earlier ones (give it a distinct argument,
 # e.g. --gen,33; the runner's own --gen 32 comes last and wins).
-# The next round (RESULTS section 4o "Next"): LLAMA_DSA_TOPK_CLEAN=2 (the self-cleaning top-k with a plain launch) against
-# =1 and the default, then whatever new decode design is written:
-#   1 (cold): STEPS="bg:lidtkcheck exp:TMAX=540 build exp:TMAX=300 synthbg wait exp:DC_PREFILL=1100 decodecheck
-#            bench1b=--ctx,65536,--attn,sparse,--variant,LLAMA_DSA_TOPK_CLEAN=1,--variant,LLAMA_DSA_TOPK_CLEAN=2,--variant,LLAMA_DSA_LID_QROPE=1"
+# RESULTS section 4p's round (the carried-threshold top-k, LLAMA_DSA_TOPK_CARRY; the standalone lidtk check ran in the
+# foreground of calls 1-2 beside the batch in the background, the batch killed if the check failed):
+#   1 (cold): bash scripts/cuda/run_cuda_check.sh lidtk $OUT/lidtk & STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300
+#            synthbg waitbg wait exp:DC_PREFILL=1100 decodecheck exp:LLAMA_DSA_TOPK_CARRY_STATS=/tmp/w/carry-stats.txt
+#            bench1b=--ctx,131072,--variant,LLAMA_DSA_TOPK_CARRY=0"
+#   3 (warm): STEPS="exp:LLAMA_DSA_TOPK_CARRY=0 synth8bg bench1b=--ctx,16384:65536:131072,--gen,33 ... wait
+#            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_CARRY=1,--gen,33"
+# (a cold machine has no ref-dsa.gguf: decodecheck needs bg:retrofit in the same warm session). The next round needs a
+# new decode design first (section 4p "Next": fewer kernels per layer).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

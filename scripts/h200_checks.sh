@@ -39,7 +39,8 @@
 #             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
 #             (lid) the earlier decode kernel, with timings                                          (issue 6)
 #   lidcheck / topkcheck / sattncheck  one of those checks alone (separate steps can run in parallel)   (issue 6)
-#   lidtkcheck  scripts/cuda/lidtk_check.cu: the fused decode indexer + top-k (dsa-lid-topk.cuh) equal to the two
+#   lidtkcheck  scripts/cuda/lidtk_check.cu: the fused decode indexer + top-k (dsa-lid-topk.cuh) and the carried-threshold
+#             top-k (dsa-topk-carry.cuh) equal to the two
 #             kernels it replaces and to a CPU select, timed back to back, cold L2 and in a 16-call CUDA graph; the
 #             indexer with the query RoPE folded in (LLAMA_DSA_LID_QROPE) bit-equal to it on the rotated query (issue 6)
 #   lipcheck  scripts/cuda/lip_check.cu: three tensor-core prefill indexers (tc = a prototype with relu and weight

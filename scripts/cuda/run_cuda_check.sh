@@ -10,7 +10,8 @@
 #   lip    scripts/cuda/lip_check.cu: the patch's two tensor-core prefill indexers (dsa-lightning-indexer-tc.cuh,
 #          dsa-lightning-indexer-mma.cuh) and a first tensor-core prototype against the patch's FP32 prefill kernel
 #          (dsa-lightning-indexer-prefill.cuh) and a CPU reference, all timed
-#   lidtk  scripts/cuda/lidtk_check.cu: the fused decode indexer + top-k kernel (dsa-lid-topk.cuh) against the two
+#   lidtk  scripts/cuda/lidtk_check.cu: the fused decode indexer + top-k kernel (dsa-lid-topk.cuh) and the
+#          carried-threshold top-k (dsa-topk-carry.cuh: 9 calls per case, each path) against the two
 #          kernels it replaces (direct-load indexer, then topk_radix_persist; equal columns) and a CPU select, timed
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
