@@ -57,6 +57,18 @@ static __global__ void ref_rope_neox(const float * q, float * out, const int32_t
     }
 }
 
+// columns of S rows of k (cols) that differ from a CPU select (reference_row) on the S score rows of n
+static int ref_diffs(const float * scores, const int * cols, int S, int n, int k) {
+    int n_diff = 0;
+    std::vector<int> ref;
+    std::vector<uint32_t> keys;
+    for (int s = 0; s < S; ++s) {
+        reference_row(scores + (size_t) s*n, n, k, ref, keys);
+        for (int i = 0; i < k; ++i) n_diff += ref[i] != cols[(size_t) s*k + i];
+    }
+    return n_diff;
+}
+
 static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int rope_dims = 0) {
     const int LAYERS = timed ? 16 : 1;
     std::vector<float> q((size_t) S*H*D), w((size_t) S*H), mf((size_t) S*N);
@@ -169,13 +181,7 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
     int n_diff = 0;
     for (size_t i = 0; i < o_two.size(); ++i) n_diff += o_two[i] != o_fused[i];
     bad += n_diff != 0;
-    int n_ref_diff = 0;
-    for (int s = 0; s < S; ++s) {
-        std::vector<int> ref;
-        std::vector<uint32_t> keys;
-        reference_row(sc.data() + (size_t) s*N, N, K, ref, keys);
-        for (int i = 0; i < K; ++i) n_ref_diff += ref[i] != o_two[(size_t) s*K + i];
-    }
+    const int n_ref_diff = ref_diffs(sc.data(), o_two.data(), S, N, K);
     bad += n_ref_diff != 0;
     // the indexer kernel alone with the RoPE folded in (LLAMA_DSA_LID_QROPE): its scores bit-equal to those on q
     // rotated beforehand (direct-load kernel for D 64 F16 rows, staged kernel for D 128)
@@ -228,11 +234,7 @@ static int check(int D, int H, int N, int S, int K, bool ties, bool timed, int r
             } else {   // against a CPU select on this call's scores
                 std::vector<float> sc4((size_t) S*N);
                 CK(cudaMemcpy(sc4.data(), dsc4, sc4.size()*4, cudaMemcpyDeviceToHost));
-                for (int s = 0; s < S; ++s) {
-                    std::vector<int> ref; std::vector<uint32_t> keys;
-                    reference_row(sc4.data() + (size_t) s*N, N, K, ref, keys);
-                    for (int i = 0; i < K; ++i) n_carry_cols += ref[i] != o_c[(size_t) s*K + i];
-                }
+                n_carry_cols += ref_diffs(sc4.data(), o_c.data(), S, N, K);
             }
             unsigned long long now[DSA_CARRY_NSTATS];
             CK(cudaMemcpy(now, carry_stats, sizeof(now), cudaMemcpyDeviceToHost));

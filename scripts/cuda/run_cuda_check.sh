@@ -27,11 +27,11 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|lidtk [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
-  topk)  HEADERS="top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh" ;;
-  sattn) HEADERS="dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh" ;;
-  lid)   HEADERS="dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh" ;;
-  lip)   HEADERS="dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
-  lidtk) HEADERS="dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh top-k-radix.cuh top-k-radix-persist.cuh dsa-lid-topk.cuh" ;;
+  topk)  HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh" ;;
+  sattn) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh" ;;
+  lid)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh" ;;
+  lip)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
+  lidtk) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh top-k-radix.cuh top-k-radix-persist.cuh dsa-lid-topk.cuh" ;;
   *) echo "unknown check $CHECK (topk, sattn, lid, lip or lidtk)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
