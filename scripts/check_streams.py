@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Concurrent CUDA streams must not change a decode (issue 6; GPU builds of the backend).
 
-With GGML_CUDA_GRAPH_OPT=1 llama.cpp's CUDA backend forks each layer's single-token attention at `attn_norm` into
-concurrent streams (Q, K, V; with LLAMA_DSA_STREAMS=1 the patch adds the lightning indexer's branch: merged
-projection, key LayerNorm, RoPE, key store, indexer, top-k) and joins them at the attention op (docs/PATCH.md). The kernels and their inputs are the same as on one
-stream, so every decoded token's logits must be bit-identical to a run without the fork. This runs the file twice,
-each in a process of its own (the switch is read once per process), with the same random prompt and decode tokens,
-and compares the logits of every decode step. With LLAMA_DSA_STREAMS_LOG=1 the patch reports how many of the fork
-regions it could run concurrently; that line is echoed, so a PASS with 0 valid regions is visible as such.
+The patch forks each sparse DSA layer's single-token graph at `attn_norm` into concurrent CUDA streams: Q, K, V and
+the lightning indexer's branch (merged projection, key LayerNorm, RoPE, key store, indexer, top-k), joined at the
+sparse attention op (`LLAMA_DSA_STREAMS`, default 1; upstream's `GGML_CUDA_GRAPH_OPT=1` adds its own 3-branch fork of
+dense layers; docs/PATCH.md). The kernels and their inputs are the same as on one stream, so every decoded token's
+logits must be bit-identical to a run without the fork. This runs the file three times, each in a process of its own
+(the switches are read once per process) with the same random prompt and decode tokens: both forks off, the DSA fork
+alone (the default), and both forks; it compares the logits of every decode step with the run without forks. With
+LLAMA_DSA_STREAMS_LOG=1 the patch reports how many fork regions ran concurrently; that line is echoed, and a run with
+a fork on but no valid region fails (a PASS would say nothing).
 
-    python scripts/check_streams.py synth-1b.gguf --prefill 2600 --decode 24 --n-gpu-layers 999
+    python scripts/check_streams.py synth-1b.gguf --prefill 2600 --decode 24 --n-gpu-layers 999 [--kv f16|asq]
 
 Exit 0 when the logits are bit-identical, 1 otherwise.
 """
@@ -22,6 +24,7 @@ except (ImportError, OSError):
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -39,12 +42,12 @@ def decode_logits(a) -> np.ndarray:
     from dsa_convert.formats.gguf_read import GgufFile
     g = GgufFile(Path(a.gguf))
     try:   # the sparse run's kv overrides as `dsa bench --kv f16 --index-keys K` builds them
-        ov = dsa_overrides(g, "sparse", None, "f16", a.index_keys)[0]
+        ov = dsa_overrides(g, "sparse", None, a.kv, a.index_keys)[0]
     finally:
         g.close()
     n = a.prefill + a.decode
     llm = open_model(Path(a.gguf), RunnerOptions(n_ctx=256 * ((n + 255) // 256), n_batch=512, n_gpu_layers=a.n_gpu_layers,
-                                                 flash_attn=True, kv_type="f16", kv_overrides=ov, logits_all=False))
+                                                 flash_attn=True, kv_type=a.kv, kv_overrides=ov, logits_all=False))
     n_vocab = llm.n_vocab()
     toks = np.random.default_rng(a.seed).integers(3, n_vocab, n)
     ids = [int(t) for t in toks]
@@ -65,36 +68,51 @@ def main() -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=999)
     ap.add_argument("--index-keys", choices=("f32", "f16"), default="f16")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--kv", choices=("f16", "asq", "q8_0"), default="f16", help="KV cache of the sparse run")
     ap.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
         np.save(a.child, decode_logits(a))
         return 0
 
+    configs = {   # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT)
+        "no fork": ("0", "0"),
+        "DSA fork (default)": ("1", "0"),
+        "DSA + upstream fork": ("1", "1"),
+    }
     runs = {}
     with tempfile.TemporaryDirectory(prefix="dsa-streams-") as td:
-        for opt in ("0", "1"):
-            out = Path(td) / f"opt{opt}.npy"
-            env = dict(os.environ, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS=opt, LLAMA_DSA_STREAMS_LOG="1")
+        for i, (name, (dsa, opt)) in enumerate(configs.items()):
+            out = Path(td) / f"run{i}.npy"
+            env = dict(os.environ, LLAMA_DSA_STREAMS=dsa, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS_LOG="1")
             cmd = [sys.executable, __file__, a.gguf, "--prefill", str(a.prefill), "--decode", str(a.decode),
                    "--n-gpu-layers", str(a.n_gpu_layers), "--index-keys", a.index_keys, "--seed", str(a.seed),
-                   "--child", str(out)]
+                   "--kv", a.kv, "--child", str(out)]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            for line in p.stderr.splitlines():
-                if "concurrent regions" in line:
-                    print(f"GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_STREAMS={opt}: {line.strip()}")
+            regions = [ln.strip() for ln in p.stderr.splitlines() if "concurrent regions" in ln]
+            print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt}): "
+                  f"{regions[0] if regions else 'no concurrent regions reported'}")
             if p.returncode != 0:
-                print(f"[FAIL] the run with GGML_CUDA_GRAPH_OPT={opt} exited {p.returncode}:\n{p.stderr[-2000:]}")
+                print(f"[FAIL] the run '{name}' exited {p.returncode}:\n{p.stderr[-2000:]}")
                 return 1
-            runs[opt] = np.load(out)
-    a0, a1 = runs["0"], runs["1"]
-    same = np.array_equal(a0.view(np.uint32), a1.view(np.uint32))
-    diff = float(np.max(np.abs(a0.astype(np.float64) - a1)))
-    steps = int(np.sum(np.any(a0 != a1, axis=1)))
-    print(f"[{'PASS' if same else 'FAIL'}] {a.decode} decode steps after {a.prefill} prompt tokens: logits "
-          f"{'bit-identical' if same else f'differ in {steps} steps, max |diff| {diff:.3g}'} with and without "
-          f"concurrent streams (index keys {a.index_keys})")
-    return 0 if same else 1
+            m = re.search(r"concurrent regions: (\d+) of", regions[0]) if regions else None
+            if dsa == "1" and (m is None or int(m.group(1)) == 0):
+                print(f"[FAIL] the run '{name}' forked no region: it says nothing about concurrent streams")
+                return 1
+            runs[name] = np.load(out)
+    ok = True
+    base = runs["no fork"]
+    for name, arr in runs.items():
+        if name == "no fork":
+            continue
+        same = np.array_equal(base.view(np.uint32), arr.view(np.uint32))
+        diff = float(np.max(np.abs(base.astype(np.float64) - arr)))
+        steps = int(np.sum(np.any(base != arr, axis=1)))
+        ok = ok and same
+        print(f"[{'PASS' if same else 'FAIL'}] {name}: {a.decode} decode steps after {a.prefill} prompt tokens, logits "
+              f"{'bit-identical' if same else f'differ in {steps} steps, max |diff| {diff:.3g}'} to the run without "
+              f"forks ({a.kv} cache, index keys {a.index_keys})")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

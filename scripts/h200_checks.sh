@@ -19,7 +19,7 @@
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
 #             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
 #   streams   scripts/check_streams.py on the synthetic 1B shape: decode logits with and without concurrent CUDA
-#             streams (GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1: the indexer's branch forked at attn_norm) must be
+#             streams (LLAMA_DSA_STREAMS: the indexer's branch forked at attn_norm; with GGML_CUDA_GRAPH_OPT=1 too) must be
 #             bit-identical                                                                            (issue 6)
 #   decodecheck  scripts/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
 #             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7);
@@ -193,12 +193,17 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock$sfx.gguf" ${DV_F32:+--f32}
     python3 scripts/verify_dsa_patch.py "$WORK/ref-stock$sfx.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify$sfx.txt" ;;
   streams)
-    # concurrent CUDA streams (GGML_CUDA_GRAPH_OPT=1 LLAMA_DSA_STREAMS=1: the indexer's branch on its own stream)
-    # leave every decode's logits bit-identical; a failure ends the script with its status, as decodecheck's does
+    # concurrent CUDA streams (LLAMA_DSA_STREAMS, default 1: the indexer's branch on its own stream; with
+    # GGML_CUDA_GRAPH_OPT=1 also upstream's fork) leave every decode's logits bit-identical, for the f16 and the ASQ
+    # cache; a failure ends the script with its status, as decodecheck's does
     f=${STREAMS_FILE:-$WORK/synth-1b-asq.gguf}
     synth "$f" llama-3.2-1b --asq 64
-    python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 | tee "$WORK/streams.txt"
-    rc=${PIPESTATUS[0]}; [ $rc -eq 0 ] || exit $rc ;;
+    rc=0; : > "$WORK/streams.txt"
+    for kv in f16 asq; do
+      python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 --kv $kv | tee -a "$WORK/streams.txt"
+      [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    done
+    [ $rc -eq 0 ] || exit $rc ;;
   decodecheck)
     rc=0
     for kv in asq f16; do

@@ -24,7 +24,7 @@ of cache apply + graph build/reuse, of writing the inputs (masks, positions) and
 --variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
 environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`. Several
 switches join with '+' (LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1), and upstream's GGML_CUDA_* switches are
-allowed too (GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1). Each
+allowed too (LLAMA_DSA_STREAMS=0+GGML_CUDA_GRAPH_OPT=1). Each
 variant run happens in a Python process of its own (eval/variant_proc.py, the switch set before llama.cpp loads): the CUDA
 backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_TOPK_PERSIST),
 so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
@@ -57,8 +57,8 @@ from ..progress import task
 from .perplexity_llamacpp import dsa_overrides
 
 ATTN_MODES = ("sparse", "dense")
-# environment switches recorded in each row: the patch's (docs/PATCH.md) and ggml's CUDA ones (e.g. GGML_CUDA_GRAPH_OPT,
-# which with LLAMA_DSA_STREAMS=1 forks the indexer's branch onto its own stream)
+# environment switches recorded in each row: the patch's (docs/PATCH.md; e.g. LLAMA_DSA_STREAMS=0, which keeps the
+# indexer's branch on the main stream) and ggml's CUDA ones (e.g. GGML_CUDA_GRAPH_OPT)
 RECORDED_ENV = ("LLAMA_DSA_", "GGML_CUDA_")
 DEFAULT_CTX = (4096, 16384, 65536, 131072)
 
