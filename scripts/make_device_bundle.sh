@@ -45,7 +45,13 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" 
   "gguf==$gguf_ver" diskcache
 
 m=$SHARED/models/ref-llama-27m
-cp "$m"/*.json "$m"/*.safetensors "$DIR/shared/models/ref-llama-27m/"
+cp "$m"/*.json "$DIR/shared/models/ref-llama-27m/"
+# the shards and the tokenizer gzipped (F16 weights: -21 %; the bundle plus the working tree must stay under 64 MiB),
+# unpacked by run_d.sh on the device
+for f in "$m"/*.safetensors "$m/tokenizer.json"; do
+  gzip -6c "$f" > "$DIR/shared/models/ref-llama-27m/$(basename "$f").gz"
+done
+rm -f "$DIR/shared/models/ref-llama-27m/tokenizer.json"
 gzip -9c "$SHARED/data/wikitext-2-raw/wiki.test.raw" > "$DIR/shared/data/wikitext-2-raw/wiki.test.raw.gz"
 gzip -9c "$SHARED/data/calib/books-calib.txt" > "$DIR/shared/data/calib/books-calib.txt.gz"
 
@@ -54,11 +60,12 @@ cat > "$DIR/run_d.sh" <<'RUN'
 # Device-side runner (written by scripts/make_device_bundle.sh): scripts/gpu_batch.sh with this folder's sdist, wheels
 # and shared files. The work dir /tmp/w persists while the machine stays warm (backend, synthetic files, ref-dsa.gguf).
 D=$(cd "$(dirname "$0")" && pwd)
-for f in "$D"/shared/data/*/*.gz; do [ -f "${f%.gz}" ] || gunzip -k "$f"; done
+for f in "$D"/shared/data/*/*.gz "$D"/shared/models/*/*.gz; do [ -f "${f%.gz}" ] || gunzip -k "$f"; done
 export SDIST=$D/llama-trim.tar.gz SHARED=$D/shared WHEELS=$D/whl WORK=${WORK:-/tmp/w}
 export TOK=${TOK:-$D/shared/models/ref-llama-27m}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 exec bash scripts/gpu_batch.sh
 RUN
 total=$(du -sb "$DIR" | cut -f1)
-echo "wrote $DIR: $(( total / 1048576 )) MiB (a call carries at most 64 MiB with the working tree)"
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk 'END{print $1}')
+echo "wrote $DIR: $(( total / 1048576 )) MiB; with the working tree $(( (total + tree) / 1024 )) KiB of the 65536 KiB a call carries"
