@@ -50,8 +50,15 @@
 #            bench1b=--ctx,131072,--variant,LLAMA_DSA_TOPK_CARRY=0"
 #   3 (warm): STEPS="exp:LLAMA_DSA_TOPK_CARRY=0 synth8bg bench1b=--ctx,16384:65536:131072,--gen,33 ... wait
 #            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_TOPK_CARRY=1,--gen,33"
-# (a cold machine has no ref-dsa.gguf: decodecheck needs bg:retrofit in the same warm session). The next round needs a
-# new decode design first (section 4p "Next": fewer kernels per layer).
+# (a cold machine has no ref-dsa.gguf: decodecheck needs bg:retrofit in the same warm session).
+# RESULTS section 4q's round (the DSA stream fork on by default, LLAMA_DSA_STREAMS; A/B both ways round):
+#   1 (cold): (bash scripts/cuda/run_cuda_check.sh lidtk $OUT/lidtk > $OUT/lidtk.log 2>&1 &); STEPS="bg:retrofit
+#            exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait streams exp:DC_PREFILL=1100 decodecheck
+#            bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAMS=0"
+#   2 (warm): STEPS="synth8bg bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_STREAMS=0,--gen,33 wait
+#            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_STREAMS=0,--gen,33 exp:ASQ_ARGS=--kv,f16 asq"
+#   3 (warm): the same with exp:LLAMA_DSA_STREAMS=0 and --variant,LLAMA_DSA_STREAMS=1,--gen,34
+# The next round needs a new decode design first (section 4q "Next": fewer kernels per layer).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
