@@ -13,6 +13,9 @@
 #   lidtk  scripts/cuda/lidtk_check.cu: the fused decode indexer + top-k kernel (dsa-lid-topk.cuh) and the
 #          carried-threshold top-k (dsa-topk-carry.cuh: 9 calls per case, each path) against the two
 #          kernels it replaces (direct-load indexer, then topk_radix_persist; equal columns) and a CPU select, timed
+#   latency scripts/cuda/latency_check.cu: what one more dependent kernel costs in a CUDA graph (plain, with
+#          programmatic dependent launch, with a memset node between) against one more grid barrier inside a
+#          persistent kernel; a measurement (no patch header)
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
@@ -25,14 +28,15 @@
 # ~10 s + a few seconds.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|lidtk [OUTDIR] [--quick] [--compile-only]}; shift
+CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|lidtk|latency [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
   topk)  HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh" ;;
   sattn) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh" ;;
   lid)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh" ;;
   lip)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
   lidtk) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh top-k-radix.cuh top-k-radix-persist.cuh dsa-lid-topk.cuh" ;;
-  *) echo "unknown check $CHECK (topk, sattn, lid, lip or lidtk)" >&2; exit 2 ;;
+  latency) HEADERS="" ;;
+  *) echo "unknown check $CHECK (topk, sattn, lid, lip, lidtk or latency)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
 QUICK=""; COMPILE_ONLY=0
