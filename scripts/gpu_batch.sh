@@ -58,7 +58,8 @@
 #   2 (warm): STEPS="synth8bg bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_STREAMS=0,--gen,33 wait
 #            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_STREAMS=0,--gen,33 exp:ASQ_ARGS=--kv,f16 asq"
 #   3 (warm): the same with exp:LLAMA_DSA_STREAMS=0 and --variant,LLAMA_DSA_STREAMS=1,--gen,34
-# The next round needs a new decode design first (section 4q "Next": fewer kernels per layer).
+# The next round: the tensor-core decode indexer (LLAMA_DSA_LID_MMA=1, section 4q item 6, checked alone only) in the
+# model first: exp:LLAMA_DSA_LID_MMA=1 decodecheck, the PPL step, then bench1b/bench8b=...,--variant,LLAMA_DSA_LID_MMA=1.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

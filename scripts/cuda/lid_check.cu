@@ -9,6 +9,8 @@
 // and, where it applies (key rows of <= 128 bytes: F16 keys of D <= 64, F32 of D 32), the direct-load form of the same
 // kernel (p.direct, the patch's default; LLAMA_DSA_LID_DIRECT=0 turns it off), which must be BIT-EQUAL too, and its
 // packed form (p.packed, F16 keys, 1 / 2 / 4 heads; LLAMA_DSA_LID_PACKED=0 turns it off), BIT-EQUAL as well;
+// and, for F16 keys, the tensor-core kernel (p.mma, opt-in: LLAMA_DSA_LID_MMA=1; F16 q, so not bit-equal: its error
+// against the double-precision reference relative to sum_h |w_h| |q_h| |k| must stay <= 1e-3, masked cells exact);
 // and times them at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams: back to back (the
 // keys stay in L2 from call to call) and with a cold L2 (time_us_cold: as in a model, where each layer's keys come
 // from HBM).
@@ -128,6 +130,10 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     CK(cudaMalloc(&d3, (size_t) S*N*4));
     dsa_lid_params p_pk = p_dir; p_pk.dst = d3; p_pk.packed = true;
     const bool packed = direct && sizeof(TK) == 2 && dsa_lid_packed_heads(H);
+    char * d4;
+    CK(cudaMalloc(&d4, (size_t) S*N*4));
+    dsa_lid_params p_mma = p; p_mma.dst = d4; p_mma.mma = true;
+    const bool mma = dsa_lid_mma_applies(p_mma, D, sizeof(TK));
 
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_new = [&]() {
@@ -142,12 +148,17 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
         cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_pk, D, S, st) : dsa_lid_launch<TK, float>(p_pk, D, S, st);
         if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
     };
+    auto run_mma = [&]() {
+        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_mma, D, S, st) : dsa_lid_launch<TK, float>(p_mma, D, S, st);
+        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
+    };
     auto run_o = [&]() { if (mask_f16) run_old<TK, __half>(p_old, D, S, st); else run_old<TK, float>(p_old, D, S, st); };
     CK(cudaMemset(d0, 0xff, (size_t) S*N*4)); CK(cudaMemset(d1, 0xff, (size_t) S*N*4)); CK(cudaMemset(d2, 0xff, (size_t) S*N*4));
-    CK(cudaMemset(d3, 0xff, (size_t) S*N*4));
-    run_o(); run_new(); if (direct) run_dir(); if (packed) run_pk();
+    CK(cudaMemset(d3, 0xff, (size_t) S*N*4)); CK(cudaMemset(d4, 0xff, (size_t) S*N*4));
+    run_o(); run_new(); if (direct) run_dir(); if (packed) run_pk(); if (mma) run_mma();
     CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
-    std::vector<float> o0((size_t) S*N), o1((size_t) S*N), o2((size_t) S*N), o3((size_t) S*N);
+    std::vector<float> o0((size_t) S*N), o1((size_t) S*N), o2((size_t) S*N), o3((size_t) S*N), o4((size_t) S*N);
+    CK(cudaMemcpy(o4.data(), d4, o4.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o3.data(), d3, o3.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o0.data(), d0, o0.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
@@ -156,24 +167,38 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     const bool same_dir = !direct || memcmp(o0.data(), o2.data(), o0.size()*4) == 0;
     const bool same_pk  = !packed || memcmp(o0.data(), o3.data(), o0.size()*4) == 0;
     int bad = (same ? 0 : 1) + (same_dir ? 0 : 1) + (same_pk ? 0 : 1);
-    double err = 0;
+    double err = 0, err_mma = 0;
+    int bad_mma = 0;
     for (int s = 0; s < S; ++s) for (int j = 0; j < N; j += 7) {
-        double acc = 0;
+        double acc = 0, scale = 0;
         for (int h = 0; h < H; ++h) {
-            double dot = 0;
-            for (int e = 0; e < D; ++e) dot += (double) q[((size_t) s*H + h)*D + e]*to_float(k[((size_t) s*N + j)*D + e]);
+            double dot = 0, qq = 0, kk = 0;
+            for (int e = 0; e < D; ++e) {
+                const double qe = q[((size_t) s*H + h)*D + e], ke = to_float(k[((size_t) s*N + j)*D + e]);
+                dot += qe*ke; qq += qe*qe; kk += ke*ke;
+            }
             acc += std::max(dot, 0.0)*(double) (w[(size_t) s*H + h]*w_scale);
+            scale += std::fabs((double) (w[(size_t) s*H + h]*w_scale))*std::sqrt(qq*kk);
         }
         const double m = mask_f16 ? (double) __half2float(mh[(size_t) s*N + j]) : mf[(size_t) s*N + j];
-        const double ref = acc + m, got = o1[(size_t) s*N + j];
+        const double ref = acc + m, got = o1[(size_t) s*N + j], got_mma = o4[(size_t) s*N + j];
         if (std::isinf(ref) || std::fabs(m) > 1e4) {
             if (!(got == ref || std::fabs(got - ref) <= 1e-6*std::fabs(ref))) ++bad;
+            if (mma && !(got_mma == ref || std::fabs(got_mma - ref) <= 1e-6*std::fabs(ref))) ++bad_mma;
             continue;
         }
         const double e = std::fabs(got - ref)/(1e-3 + std::fabs(acc));
         err = std::max(err, e);
         if (e > 1e-3) ++bad;   // as li_check.cu: FP32 sums of D*H products (the old kernel, bit-equal, has the same error)
+        if (mma) {
+            // F16 q (relative rounding <= 2^-11 per element) and the tensor cores' F32 sums: the error of a dot is at most
+            // ~2^-11 |q| |k| (Cauchy-Schwarz), so the score's is bounded relative to sum_h |w_h| |q_h| |k|
+            const double em = std::fabs(got_mma - ref)/(1e-30 + scale);
+            err_mma = std::max(err_mma, em);
+            if (!(em <= 1e-3)) ++bad_mma;
+        }
     }
+    bad += bad_mma;
     auto time_it = [&](auto f) { return (float) time_us(st, 5, 100, f); };
     auto time_cold = [&](auto f) { return (float) time_us_cold(st, 2, 50, f); };
     const float us[2] = {time_it(run_o), time_it(run_new)};
@@ -190,9 +215,13 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     if (packed) {
         printf(" | packed %9.2f cold %9.2f %s", time_it(run_pk), time_cold(run_pk), same_pk ? "bit-equal" : "NOT BIT-EQUAL");
     }
+    if (mma) {
+        printf(" | mma %9.2f cold %9.2f err/scale %8.2e %s", time_it(run_mma), time_cold(run_mma), err_mma,
+               bad_mma ? "FAIL" : "ok");
+    }
     printf("\n");
     CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(d0)); CK(cudaFree(d1)); CK(cudaFree(d2));
-    CK(cudaFree(d3)); CK(cudaStreamDestroy(st));
+    CK(cudaFree(d3)); CK(cudaFree(d4)); CK(cudaStreamDestroy(st));
     return bad;
 }
 
@@ -214,6 +243,9 @@ int main(int argc, char ** argv) {
     bad += check<__half>(64, 2, 5000, 1, false);    // packed: 2 heads
     bad += check<__half>(32, 1, 4096, 1, false);    // packed: 1 head, D 32
     bad += check<float>(64, 16, 32768, 1, false);   // 16 heads
+    bad += check<__half>(64, 16, 32768, 1, false);  // mma: 16 heads (rows g + 8 of the fragment)
+    bad += check<__half>(128, 8, 777, 2, true);     // mma: D 128, 8 heads, partial block, 2 streams, F16 mask
+    bad += check<__half>(64, 4, 1001, 1, false);    // mma: odd tail (the last group's second key)
     printf(bad ? "MISMATCHES: %d\n" : "ALL OK\n", bad);
     return bad ? 1 : 0;
 }
