@@ -1,18 +1,19 @@
 // What a kernel boundary costs on this GPU, against a barrier inside one persistent kernel (issue 6, RESULTS §4q
 // "Next": the sparse decode's DSA chain is ~6 dependent kernels per layer, and the goals leave ~16 us per layer).
 //
-//   bash scripts/cuda/run_cuda_check.sh latency OUTDIR      (or: nvcc -O3 -std=c++17 -arch=sm_90 latency_check.cu)
+//   bash scripts/cuda/run_cuda_check.sh latency OUTDIR   (or: nvcc -O3 -std=c++17 -arch=sm_90 -I<ggml-cuda dir> latency_check.cu)
 //
 // 1. A chain of N dependent kernels (each reads what the previous one wrote), captured in one CUDA graph and replayed:
 //    the cost of one more kernel is the slope (t(N=64) - t(N=32)) / 32, for grids of 1, 132 and 1,056 blocks of 128
 //    threads, plain launches or with programmatic dependent launch (PDL: griddepcontrol, as ggml's and the patch's
 //    kernels use it), and with a 64 KiB memset node between the kernels (the persistent top-k's scratch reset).
-// 2. One persistent kernel of 132 (resp. 264) co-resident blocks with R grid barriers (an arrival counter in global
-//    memory, as topk_radix_row_barrier in the patch's top-k-radix-persist.cuh): the cost of one more barrier is the
-//    slope (t(R=64) - t(R=16)) / 48.
+// 2. One persistent kernel of 132 (resp. 264) co-resident blocks with R grid barriers (the patch's own
+//    topk_radix_row_barrier, top-k-radix-persist.cuh: an arrival counter in global memory): the cost of one more
+//    barrier is the slope (t(R=64) - t(R=16)) / 48.
 // A measurement, not a pass/fail check: it exits 0 unless CUDA reports an error (then 2), or a chain's result is wrong
 // (1: the dependency through memory was not kept).
 #include "check_common.cuh"
+#include "top-k-radix-persist.cuh" // topk_radix_row_barrier: the barrier measured in part 2
 
 #define LAT_THREADS 128
 
@@ -32,25 +33,9 @@ static __global__ void lat_step(const int * in, int * out, const bool pdl) {
     out[i] = in[i] + 1;
 }
 
-// one block of R row barriers: every block adds 1 to acc[block] after each barrier; barrier as the patch's
-static __device__ __forceinline__ void lat_grid_barrier(unsigned int * arrive, const unsigned int target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(arrive, 1u);
-        while (*((volatile unsigned int *) arrive) < target) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-            __nanosleep(32);
-#endif
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 static __global__ void lat_persistent(unsigned int * arrive, int * acc, const int rounds) {
     for (int r = 0; r < rounds; ++r) {
-        lat_grid_barrier(arrive, (unsigned int) gridDim.x * (r + 1));
+        topk_radix_row_barrier(arrive, (unsigned int) gridDim.x * (r + 1));
         if (threadIdx.x == 0) {
             acc[blockIdx.x] += 1;
         }

@@ -15,7 +15,7 @@
 #          kernels it replaces (direct-load indexer, then topk_radix_persist; equal columns) and a CPU select, timed
 #   latency scripts/cuda/latency_check.cu: what one more dependent kernel costs in a CUDA graph (plain, with
 #          programmatic dependent launch, with a memset node between) against one more grid barrier inside a
-#          persistent kernel; a measurement (no patch header)
+#          persistent kernel (the patch's topk_radix_row_barrier); a measurement
 #
 #   bash scripts/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
@@ -35,7 +35,7 @@ case $CHECK in
   lid)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh" ;;
   lip)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
   lidtk) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lightning-indexer-decode.cuh top-k-radix.cuh top-k-radix-persist.cuh dsa-lid-topk.cuh" ;;
-  latency) HEADERS="" ;;
+  latency) HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh" ;;
   *) echo "unknown check $CHECK (topk, sattn, lid, lip, lidtk or latency)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
