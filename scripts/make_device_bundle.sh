@@ -45,13 +45,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" 
   "gguf==$gguf_ver" diskcache
 
 m=$SHARED/models/ref-llama-27m
-cp "$m"/*.json "$DIR/shared/models/ref-llama-27m/"
-# the shards and the tokenizer gzipped (F16 weights: -21 %; the bundle plus the working tree must stay under 64 MiB),
+# the checkpoint's files gzipped (F16 shards: -21 %; the bundle plus the working tree must stay under 64 MiB),
 # unpacked by run_d.sh on the device
-for f in "$m"/*.safetensors "$m/tokenizer.json"; do
+for f in "$m"/*.json "$m"/*.safetensors; do
   gzip -6c "$f" > "$DIR/shared/models/ref-llama-27m/$(basename "$f").gz"
 done
-rm -f "$DIR/shared/models/ref-llama-27m/tokenizer.json"
 gzip -9c "$SHARED/data/wikitext-2-raw/wiki.test.raw" > "$DIR/shared/data/wikitext-2-raw/wiki.test.raw.gz"
 gzip -9c "$SHARED/data/calib/books-calib.txt" > "$DIR/shared/data/calib/books-calib.txt.gz"
 
