@@ -52,7 +52,7 @@ def main() -> int:
     a = ap.parse_args()
 
     from dsa_convert.dsa.calib import load_tokenizer
-    from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf, load_model
+    from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf, fit_split, load_model
     from dsa_convert.kernels_ref import selection as sel
     from dsa_convert.kernels_ref.sparse_attention import DsaAttention
 
@@ -61,8 +61,7 @@ def main() -> int:
     K = a.top_k or st["top_k"]
     S = a.sink if a.sink is not None else st.get("sink", 0)
     L = a.local if a.local is not None else st.get("local", 1)
-    if S + L > K:
-        S, L = min(S, K), max(1, min(L, K - min(S, K)))
+    S, L = fit_split(K, S, L)
     tok = load_tokenizer(a.tokenizer)
     ids = tok.encode(a.text.read_text(encoding="utf-8", errors="replace")[: 40 * a.ctx]).ids
     ids = ids[a.offset: a.offset + a.ctx]

@@ -60,6 +60,13 @@ def dsa_settings_from_result(res) -> dict:
             "asq_protos": res.asq_protos()}
 
 
+def fit_split(top_k: int, sink: int, local: int) -> tuple[int, int]:
+    """(sink, local) that fit top_k: an overridden top_k smaller than the file's split scales the split down."""
+    if sink + local <= top_k:
+        return sink, local
+    return min(sink, top_k), max(1, min(local, top_k - min(sink, top_k)))
+
+
 def load_model(model_path: Path, device: str = "cpu"):
     from ..kernels_ref.model import RefModel
     model_path = Path(model_path)
@@ -93,8 +100,7 @@ def perplexity_torch(model_path: Path | None, text_path: Path, *, ctx: int = 204
             raise BadInputError(f"--attn {attn} needs a top-k (none in the model; pass --top-k)")
         if attn == "sparse" and not st.get("indexers"):
             raise BadInputError("--attn sparse needs indexer tensors (a dsa GGUF or a retrofit result)")
-        if S + L > K:   # an overridden top_k smaller than the file's split: scale the split down
-            S, L = min(S, K), max(1, min(L, K - min(S, K)))
+        S, L = fit_split(K, S, L)
     if kv in ("q8_0", "q4_0") and model.hp.head_dim % 32:
         raise BadInputError(f"--kv {kv} needs head_dim divisible by 32 (model has {model.hp.head_dim})")
     if kv == "asq" and not st.get("asq_protos"):
