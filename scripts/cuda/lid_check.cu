@@ -9,8 +9,10 @@
 // and, where it applies (key rows of <= 128 bytes: F16 keys of D <= 64, F32 of D 32), the direct-load form of the same
 // kernel (p.direct, the patch's default; LLAMA_DSA_LID_DIRECT=0 turns it off), which must be BIT-EQUAL too, and its
 // packed form (p.packed, F16 keys, 1 / 2 / 4 heads; LLAMA_DSA_LID_PACKED=0 turns it off), BIT-EQUAL as well;
-// and, for F16 keys, the tensor-core kernel (p.mma, opt-in: LLAMA_DSA_LID_MMA=1; F16 q, so not bit-equal: its error
-// against the double-precision reference relative to sum_h |w_h| |q_h| |k| must stay <= 1e-3, masked cells exact);
+// and, for F16 keys, the tensor-core kernel in both key-load layouts (p.mma 1 / 2, opt-in: LLAMA_DSA_LID_MMA=1 / 2; F16
+// q, so not bit-equal to the FP32 kernels: its error against the double-precision reference relative to
+// sum_h |w_h| |q_h| |k| must stay <= 1e-3, masked cells exact; the two layouts' scores must be bit-equal to each other:
+// the same products summed in the same order, only the lanes' loads differ);
 // and times them at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams: back to back (the
 // keys stay in L2 from call to call) and with a cold L2 (time_us_cold: as in a model, where each layer's keys come
 // from HBM).
@@ -132,8 +134,11 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     const bool packed = direct && sizeof(TK) == 2 && dsa_lid_packed_heads(H);
     char * d4;
     CK(cudaMalloc(&d4, (size_t) S*N*4));
-    dsa_lid_params p_mma = p; p_mma.dst = d4; p_mma.mma = true;
+    dsa_lid_params p_mma = p; p_mma.dst = d4; p_mma.mma = 1;
     const bool mma = dsa_lid_mma_applies(p_mma, D, sizeof(TK));
+    char * d5;
+    CK(cudaMalloc(&d5, (size_t) S*N*4));
+    dsa_lid_params p_mma2 = p_mma; p_mma2.dst = d5; p_mma2.mma = 2;
 
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_new = [&]() {
@@ -152,13 +157,18 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
         cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_mma, D, S, st) : dsa_lid_launch<TK, float>(p_mma, D, S, st);
         if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
     };
+    auto run_mma2 = [&]() {
+        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_mma2, D, S, st) : dsa_lid_launch<TK, float>(p_mma2, D, S, st);
+        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
+    };
     auto run_o = [&]() { if (mask_f16) run_old<TK, __half>(p_old, D, S, st); else run_old<TK, float>(p_old, D, S, st); };
     CK(cudaMemset(d0, 0xff, (size_t) S*N*4)); CK(cudaMemset(d1, 0xff, (size_t) S*N*4)); CK(cudaMemset(d2, 0xff, (size_t) S*N*4));
-    CK(cudaMemset(d3, 0xff, (size_t) S*N*4)); CK(cudaMemset(d4, 0xff, (size_t) S*N*4));
-    run_o(); run_new(); if (direct) run_dir(); if (packed) run_pk(); if (mma) run_mma();
+    CK(cudaMemset(d3, 0xff, (size_t) S*N*4)); CK(cudaMemset(d4, 0xff, (size_t) S*N*4)); CK(cudaMemset(d5, 0xee, (size_t) S*N*4));
+    run_o(); run_new(); if (direct) run_dir(); if (packed) run_pk(); if (mma) { run_mma(); run_mma2(); }
     CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
-    std::vector<float> o0((size_t) S*N), o1((size_t) S*N), o2((size_t) S*N), o3((size_t) S*N), o4((size_t) S*N);
+    std::vector<float> o0((size_t) S*N), o1((size_t) S*N), o2((size_t) S*N), o3((size_t) S*N), o4((size_t) S*N), o5((size_t) S*N);
     CK(cudaMemcpy(o4.data(), d4, o4.size()*4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o5.data(), d5, o5.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o3.data(), d3, o3.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o0.data(), d0, o0.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
@@ -166,7 +176,8 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     const bool same     = memcmp(o0.data(), o1.data(), o0.size()*4) == 0;
     const bool same_dir = !direct || memcmp(o0.data(), o2.data(), o0.size()*4) == 0;
     const bool same_pk  = !packed || memcmp(o0.data(), o3.data(), o0.size()*4) == 0;
-    int bad = (same ? 0 : 1) + (same_dir ? 0 : 1) + (same_pk ? 0 : 1);
+    const bool same_mma = !mma || memcmp(o4.data(), o5.data(), o4.size()*4) == 0;
+    int bad = (same ? 0 : 1) + (same_dir ? 0 : 1) + (same_pk ? 0 : 1) + (same_mma ? 0 : 1);
     double err = 0, err_mma = 0;
     int bad_mma = 0;
     for (int s = 0; s < S; ++s) for (int j = 0; j < N; j += 7) {
@@ -216,12 +227,13 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
         printf(" | packed %9.2f cold %9.2f %s", time_it(run_pk), time_cold(run_pk), same_pk ? "bit-equal" : "NOT BIT-EQUAL");
     }
     if (mma) {
-        printf(" | mma %9.2f cold %9.2f err/scale %8.2e %s", time_it(run_mma), time_cold(run_mma), err_mma,
-               bad_mma ? "FAIL" : "ok");
+        printf(" | mma %9.2f cold %9.2f err/scale %8.2e %s | mma2 %9.2f cold %9.2f %s", time_it(run_mma),
+               time_cold(run_mma), err_mma, bad_mma ? "FAIL" : "ok", time_it(run_mma2), time_cold(run_mma2),
+               same_mma ? "bit-equal" : "NOT BIT-EQUAL");
     }
     printf("\n");
     CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(d0)); CK(cudaFree(d1)); CK(cudaFree(d2));
-    CK(cudaFree(d3)); CK(cudaFree(d4)); CK(cudaStreamDestroy(st));
+    CK(cudaFree(d3)); CK(cudaFree(d4)); CK(cudaFree(d5)); CK(cudaStreamDestroy(st));
     return bad;
 }
 
