@@ -9,10 +9,10 @@
 // and, where it applies (key rows of <= 128 bytes: F16 keys of D <= 64, F32 of D 32), the direct-load form of the same
 // kernel (p.direct, the patch's default; LLAMA_DSA_LID_DIRECT=0 turns it off), which must be BIT-EQUAL too, and its
 // packed form (p.packed, F16 keys, 1 / 2 / 4 heads; LLAMA_DSA_LID_PACKED=0 turns it off), BIT-EQUAL as well;
-// and, for F16 keys, the tensor-core kernel in both key-load layouts (p.mma 1 / 2, opt-in: LLAMA_DSA_LID_MMA=1 / 2; F16
-// q, so not bit-equal to the FP32 kernels: its error against the double-precision reference relative to
-// sum_h |w_h| |q_h| |k| must stay <= 1e-3, masked cells exact; the two layouts' scores must be bit-equal to each other:
-// the same products summed in the same order, only the lanes' loads differ);
+// and, for F16 keys, the tensor-core kernel in both key-load layouts (p.mma 1 / 2; the op: LLAMA_DSA_LID_MMA, default
+// 2; F16 q, so not bit-equal to the FP32 kernels: its error against the double-precision reference relative to
+// sum_h |w_h| |q_h| |k| must stay <= 1e-3 in each layout, masked cells exact; the layouts map the dims onto the mma's
+// k index differently, so their sums round differently: bit-equal to each other only at D 32, where they coincide);
 // and times them at 4K / 32K / 128K keys, D 32 / 64 / 128, H 4 (and H 8 / 16), 1 and 2 streams: back to back (the
 // keys stay in L2 from call to call) and with a cold L2 (time_us_cold: as in a model, where each layer's keys come
 // from HBM).
@@ -177,9 +177,9 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     const bool same_dir = !direct || memcmp(o0.data(), o2.data(), o0.size()*4) == 0;
     const bool same_pk  = !packed || memcmp(o0.data(), o3.data(), o0.size()*4) == 0;
     const bool same_mma = !mma || memcmp(o4.data(), o5.data(), o4.size()*4) == 0;
-    int bad = (same ? 0 : 1) + (same_dir ? 0 : 1) + (same_pk ? 0 : 1) + (same_mma ? 0 : 1);
-    double err = 0, err_mma = 0;
-    int bad_mma = 0;
+    int bad = (same ? 0 : 1) + (same_dir ? 0 : 1) + (same_pk ? 0 : 1) + (mma && D == 32 && !same_mma ? 1 : 0);
+    double err = 0, err_mma = 0, err_mma2 = 0;
+    int bad_mma = 0, bad_mma2 = 0;
     for (int s = 0; s < S; ++s) for (int j = 0; j < N; j += 7) {
         double acc = 0, scale = 0;
         for (int h = 0; h < H; ++h) {
@@ -192,10 +192,11 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
             scale += std::fabs((double) (w[(size_t) s*H + h]*w_scale))*std::sqrt(qq*kk);
         }
         const double m = mask_f16 ? (double) __half2float(mh[(size_t) s*N + j]) : mf[(size_t) s*N + j];
-        const double ref = acc + m, got = o1[(size_t) s*N + j], got_mma = o4[(size_t) s*N + j];
+        const double ref = acc + m, got = o1[(size_t) s*N + j], got_mma = o4[(size_t) s*N + j], got_mma2 = o5[(size_t) s*N + j];
         if (std::isinf(ref) || std::fabs(m) > 1e4) {
             if (!(got == ref || std::fabs(got - ref) <= 1e-6*std::fabs(ref))) ++bad;
             if (mma && !(got_mma == ref || std::fabs(got_mma - ref) <= 1e-6*std::fabs(ref))) ++bad_mma;
+            if (mma && !(got_mma2 == ref || std::fabs(got_mma2 - ref) <= 1e-6*std::fabs(ref))) ++bad_mma2;
             continue;
         }
         const double e = std::fabs(got - ref)/(1e-3 + std::fabs(acc));
@@ -207,9 +208,12 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
             const double em = std::fabs(got_mma - ref)/(1e-30 + scale);
             err_mma = std::max(err_mma, em);
             if (!(em <= 1e-3)) ++bad_mma;
+            const double em2 = std::fabs(got_mma2 - ref)/(1e-30 + scale);
+            err_mma2 = std::max(err_mma2, em2);
+            if (!(em2 <= 1e-3)) ++bad_mma2;
         }
     }
-    bad += bad_mma;
+    bad += bad_mma + bad_mma2;
     auto time_it = [&](auto f) { return (float) time_us(st, 5, 100, f); };
     auto time_cold = [&](auto f) { return (float) time_us_cold(st, 2, 50, f); };
     const float us[2] = {time_it(run_o), time_it(run_new)};
@@ -227,9 +231,9 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
         printf(" | packed %9.2f cold %9.2f %s", time_it(run_pk), time_cold(run_pk), same_pk ? "bit-equal" : "NOT BIT-EQUAL");
     }
     if (mma) {
-        printf(" | mma %9.2f cold %9.2f err/scale %8.2e %s | mma2 %9.2f cold %9.2f %s", time_it(run_mma),
-               time_cold(run_mma), err_mma, bad_mma ? "FAIL" : "ok", time_it(run_mma2), time_cold(run_mma2),
-               same_mma ? "bit-equal" : "NOT BIT-EQUAL");
+        printf(" | mma %9.2f cold %9.2f err/scale %8.2e %s | mma2 %9.2f cold %9.2f err/scale %8.2e %s (%s)",
+               time_it(run_mma), time_cold(run_mma), err_mma, bad_mma ? "FAIL" : "ok", time_it(run_mma2),
+               time_cold(run_mma2), err_mma2, bad_mma2 ? "FAIL" : "ok", same_mma ? "= mma" : "!= mma");
     }
     printf("\n");
     CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(d0)); CK(cudaFree(d1)); CK(cudaFree(d2));
