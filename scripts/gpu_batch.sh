@@ -58,8 +58,15 @@
 #   2 (warm): STEPS="synth8bg bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_STREAMS=0,--gen,33 wait
 #            bench8b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_STREAMS=0,--gen,33 exp:ASQ_ARGS=--kv,f16 asq"
 #   3 (warm): the same with exp:LLAMA_DSA_STREAMS=0 and --variant,LLAMA_DSA_STREAMS=1,--gen,34
-# The next round: the tensor-core decode indexer (LLAMA_DSA_LID_MMA=1, section 4q item 6, checked alone only) in the
-# model first: exp:LLAMA_DSA_LID_MMA=1 decodecheck, the PPL step, then bench1b/bench8b=...,--variant,LLAMA_DSA_LID_MMA=1.
+# RESULTS section 4r's round (the tensor-core decode indexer in the model, LLAMA_DSA_LID_MMA; M = that variable):
+#   1 (cold): (bash scripts/cuda/run_cuda_check.sh lid $OUT/lid > $OUT/lid.log 2>&1 &); STEPS="bg:retrofit exp:TMAX=540
+#            build exp:TMAX=300 synthbg waitbg wait exp:DC_PREFILL=1100 exp:M=2 decodecheck exp:M=0
+#            bench1b=--ctx,131072,--attn,sparse,--variant,M=1,--variant,M=2,--variant,M=0"
+#   2 (warm): STEPS="synth8bg bench1b=--ctx,65536,--attn,sparse,--variant,M=2,... wait bench8b=--ctx,65536:131072,...
+#            exp:ASQ_ARGS=--kv,f16 asq"
+#   3, 4 (warm): the grid with exp:M=2 / --variant,M=0 and the other way round (--gen,34 / --gen,35)
+#   6 (warm): STEPS="exp:PROF_CTX=65536 exp:PROF_PREFILL=1 exp:PROF_PREFILL_ATTN=sparse exp:PROF_ATTN=none profile"
+#            (one prefill ubatch under ncu, about 70 s with the backend built)
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
