@@ -67,6 +67,9 @@
 #   3, 4 (warm): the grid with exp:M=2 / --variant,M=0 and the other way round (--gen,34 / --gen,35)
 #   6 (warm): STEPS="exp:PROF_CTX=65536 exp:PROF_PREFILL=1 exp:PROF_PREFILL_ATTN=sparse exp:PROF_ATTN=none profile"
 #            (one prefill ubatch under ncu, about 70 s with the backend built)
+# The next round: the prefill indexer's mask prefetch (LLAMA_DSA_PREFILL_MASK_PREFETCH=1, compiled only): first
+#   bash scripts/cuda/run_cuda_check.sh lip $OUT/lip (bit-equal to the default kernel, timed beside it), then
+#   bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_PREFILL_MASK_PREFETCH=1 and the PPL step with it exported.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

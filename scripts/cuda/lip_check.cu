@@ -11,7 +11,9 @@
 //   tc2  the patch's WMMA kernel (dsa-lightning-indexer-tc.cuh, LLAMA_DSA_PREFILL_TC=1): relu and the weight in
 //        registers through  w relu(x) = (w x + |w+ x| - |w- x|)/2  (2H + 1 products, no per-head round trip);
 //   mma  the patch's default kernel (dsa-lightning-indexer-mma.cuh, LLAMA_DSA_PREFILL_TC=2): mma.sync, whose
-//        accumulator layout is documented, so relu and the F32 weight apply per element (H products).
+//        accumulator layout is documented, so relu and the F32 weight apply per element (H products);
+//   mma+pf  the same kernel with its mask values loaded before each tile's products (PF,
+//        LLAMA_DSA_PREFILL_MASK_PREFETCH=1): its scores must be BIT-EQUAL to mma's (same arithmetic), and both are timed.
 //
 // The check: a double-precision CPU reference on sampled (token, cell) pairs (relative error against the row's score
 // scale), and for sampled rows the overlap of the top-k (k 2048) with the reference's top-k (F16 inputs move scores by
@@ -322,10 +324,11 @@ static int run(int H, int T, int N, int nsm, bool timing) {
             m[(size_t) t*N + i] = i > pt ? -INFINITY : (i < 4 || i > pt - 64) ? 1e30f : -1e-30f*(float) i;
         }
     }
-    float *dq, *dw, *dm, *d0, *d1, *d2, *d3; void * dk;
+    float *dq, *dw, *dm, *d0, *d1, *d2, *d3, *d4; void * dk;
     CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMalloc(&dk, k.size()*sizeof(TK))); CK(cudaMalloc(&dw, w.size()*4));
     CK(cudaMalloc(&dm, m.size()*4)); CK(cudaMalloc(&d0, m.size()*4)); CK(cudaMalloc(&d1, m.size()*4));
-    CK(cudaMalloc(&d2, m.size()*4)); CK(cudaMalloc(&d3, m.size()*4));
+    CK(cudaMalloc(&d2, m.size()*4)); CK(cudaMalloc(&d3, m.size()*4)); CK(cudaMalloc(&d4, m.size()*4));
+    CK(cudaMemset(d4, 0xff, m.size()*4));
     CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dk, k.data(), k.size()*sizeof(TK), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dw, w.data(), w.size()*4, cudaMemcpyHostToDevice));
@@ -334,6 +337,7 @@ static int run(int H, int T, int N, int nsm, bool timing) {
     lip_params p1 = p; p1.dst = d1;
     lip_params p2 = p; p2.dst = d2;
     lip_params p3 = p; p3.dst = d3;
+    lip_params p4 = p; p4.dst = d4;
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto run_fp32 = [&] { li_launch<D, TK>(p, st); };
     auto run_tc   = [&] { lip_launch<D, TK>(p1, nsm, st); };
@@ -343,8 +347,13 @@ static int run(int H, int T, int N, int nsm, bool timing) {
     auto run_mma  = [&] {
         lit_launch<D, TK>(dsa_lightning_indexer_mma_kernel<D, TK, float>, dsa_lim_smem(H, D), p3, nsm, st);
     };
-    run_fp32(); run_tc(); run_tc2(); run_mma(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
-    std::vector<float> o0(m.size()), o1(m.size()), o2(m.size()), o3(m.size());
+    auto run_mma_pf = [&] {
+        lit_launch<D, TK>(dsa_lightning_indexer_mma_kernel<D, TK, float, true>, dsa_lim_smem(H, D), p4, nsm, st);
+    };
+    run_fp32(); run_tc(); run_tc2(); run_mma(); run_mma_pf(); CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+    std::vector<float> o0(m.size()), o1(m.size()), o2(m.size()), o3(m.size()), o4(m.size());
+    CK(cudaMemcpy(o4.data(), d4, o4.size()*4, cudaMemcpyDeviceToHost));
+    const bool pf_same = memcmp(o3.data(), o4.data(), o3.size()*4) == 0;
     CK(cudaMemcpy(o0.data(), d0, o0.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o1.data(), d1, o1.size()*4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o2.data(), d2, o2.size()*4, cudaMemcpyDeviceToHost));
@@ -356,22 +365,25 @@ static int run(int H, int T, int N, int nsm, bool timing) {
     const Measure m3 = measure(o3, refs, m, N);
     const bool ok = m0.rel_err < 1e-4 && m1.rel_err < 2e-2 && m1.min_overlap >= 0.97 &&
                     m2.rel_err < 2e-2 && m2.min_overlap >= 0.97 && m3.rel_err < 2e-2 && m3.min_overlap >= 0.97 &&
-                    m0.n_nan + m1.n_nan + m2.n_nan + m3.n_nan == 0;
+                    m0.n_nan + m1.n_nan + m2.n_nan + m3.n_nan == 0 && pf_same;
     printf("D %3d H %2d T %3d n_kv %6d K %s | fp32: err %.1e top-2048 overlap %.4f | tc: err %.1e overlap %.4f (exact"
-           " %.4f) | tc2: err %.1e overlap %.4f (exact %.4f) | mma: err %.1e overlap %.4f (exact %.4f) nan %d %s", D, H, T,
-           N, sizeof(TK) == 4 ? "f32" : "f16", m0.rel_err, m0.min_overlap, m1.rel_err, m1.min_overlap, m1.min_exact,
-           m2.rel_err, m2.min_overlap, m2.min_exact, m3.rel_err, m3.min_overlap, m3.min_exact,
-           m0.n_nan + m1.n_nan + m2.n_nan + m3.n_nan, ok ? "OK" : "FAIL");
+           " %.4f) | tc2: err %.1e overlap %.4f (exact %.4f) | mma: err %.1e overlap %.4f (exact %.4f) | mma+pf %s nan %d %s",
+           D, H, T, N, sizeof(TK) == 4 ? "f32" : "f16", m0.rel_err, m0.min_overlap, m1.rel_err, m1.min_overlap,
+           m1.min_exact, m2.rel_err, m2.min_overlap, m2.min_exact, m3.rel_err, m3.min_overlap, m3.min_exact,
+           pf_same ? "bit-equal" : "NOT BIT-EQUAL", m0.n_nan + m1.n_nan + m2.n_nan + m3.n_nan, ok ? "OK" : "FAIL");
     if (timing) {
         const double f0 = time_us(st, 3, 20, run_fp32), f1 = time_us(st, 3, 20, run_tc), f2 = time_us(st, 3, 20, run_tc2);
         const double c0 = time_us_cold(st, 1, 10, run_fp32), c1 = time_us_cold(st, 1, 10, run_tc);
         const double c2 = time_us_cold(st, 1, 10, run_tc2);
         const double f3 = time_us(st, 3, 20, run_mma), c3 = time_us_cold(st, 1, 10, run_mma);
-        printf(" | us fp32 %.1f tc %.1f (%.1fx) tc2 %.1f (%.1fx) mma %.1f (%.1fx); L2 cold fp32 %.1f tc %.1f tc2 %.1f"
-               " (%.1fx) mma %.1f (%.1fx)", f0, f1, f0/f1, f2, f0/f2, f3, f0/f3, c0, c1, c2, c0/c2, c3, c0/c3);
+        const double f4 = time_us(st, 3, 20, run_mma_pf), c4 = time_us_cold(st, 1, 10, run_mma_pf);
+        printf(" | us fp32 %.1f tc %.1f (%.1fx) tc2 %.1f (%.1fx) mma %.1f (%.1fx) mma+pf %.1f (%.2fx mma); L2 cold fp32 %.1f"
+               " tc %.1f tc2 %.1f (%.1fx) mma %.1f (%.1fx) mma+pf %.1f (%.2fx mma)", f0, f1, f0/f1, f2, f0/f2, f3, f0/f3, f4,
+               f3/f4, c0, c1, c2, c0/c2, c3, c0/c3, c4, c3/c4);
     }
     printf("\n");
-    for (void * x : {(void *) dq, dk, (void *) dw, (void *) dm, (void *) d0, (void *) d1, (void *) d2, (void *) d3}) {
+    for (void * x : {(void *) dq, dk, (void *) dw, (void *) dm, (void *) d0, (void *) d1, (void *) d2, (void *) d3,
+                     (void *) d4}) {
         CK(cudaFree(x));
     }
     CK(cudaStreamDestroy(st));
