@@ -141,26 +141,15 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     dsa_lid_params p_mma2 = p_mma; p_mma2.dst = d5; p_mma2.mma = 2;
 
     cudaStream_t st; CK(cudaStreamCreate(&st));
-    auto run_new = [&]() {
-        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p, D, S, st) : dsa_lid_launch<TK, float>(p, D, S, st);
+    auto launch = [&](const dsa_lid_params & pp) {
+        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(pp, D, S, st) : dsa_lid_launch<TK, float>(pp, D, S, st);
         if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
     };
-    auto run_dir = [&]() {
-        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_dir, D, S, st) : dsa_lid_launch<TK, float>(p_dir, D, S, st);
-        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
-    };
-    auto run_pk = [&]() {
-        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_pk, D, S, st) : dsa_lid_launch<TK, float>(p_pk, D, S, st);
-        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
-    };
-    auto run_mma = [&]() {
-        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_mma, D, S, st) : dsa_lid_launch<TK, float>(p_mma, D, S, st);
-        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
-    };
-    auto run_mma2 = [&]() {
-        cudaError_t e = mask_f16 ? dsa_lid_launch<TK, __half>(p_mma2, D, S, st) : dsa_lid_launch<TK, float>(p_mma2, D, S, st);
-        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
-    };
+    auto run_new  = [&]() { launch(p); };
+    auto run_dir  = [&]() { launch(p_dir); };
+    auto run_pk   = [&]() { launch(p_pk); };
+    auto run_mma  = [&]() { launch(p_mma); };
+    auto run_mma2 = [&]() { launch(p_mma2); };
     auto run_o = [&]() { if (mask_f16) run_old<TK, __half>(p_old, D, S, st); else run_old<TK, float>(p_old, D, S, st); };
     CK(cudaMemset(d0, 0xff, (size_t) S*N*4)); CK(cudaMemset(d1, 0xff, (size_t) S*N*4)); CK(cudaMemset(d2, 0xff, (size_t) S*N*4));
     CK(cudaMemset(d3, 0xff, (size_t) S*N*4)); CK(cudaMemset(d4, 0xff, (size_t) S*N*4)); CK(cudaMemset(d5, 0xee, (size_t) S*N*4));
