@@ -203,6 +203,34 @@ def test_selection_mask_without_the_add_is_bit_exact_and_used(tiny_dsa, monkeypa
 
 
 @requires_backend
+@pytest.mark.parametrize("cache_type", [1, 0], ids=["f16", "f32"])
+def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type):
+    """LLAMA_DSA_PREFILL_GATHER_MIN_KV (default 16384 cells): a prefill-size ubatch over a cache of at least that
+    many cells attends over its picks with the sparse attention op instead of masked flash attention over every
+    cell. Forced here on every prefill ubatch (=1; ubatches of 16 tokens: the first two have tokens that see fewer
+    than top-k cells and pass the causal mask to the op, later ones need none): it must match kernels_ref at least
+    as well as the masked path (=0), be a different graph, and the default must be the masked path at this size."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(11).integers(3, 320, N)
+    ref = v.ref_logits(str(dsa), toks, sparse=True)
+    kw = dict(n_ctx=128, n_ubatch=16, cache_type=cache_type, flash_attn=True)
+    default = v.llama_logits(str(dsa), toks, **kw)
+    monkeypatch.setenv("LLAMA_DSA_PREFILL_GATHER_MIN_KV", "1")
+    gathered = v.llama_logits(str(dsa), toks, **kw)
+    monkeypatch.setenv("LLAMA_DSA_PREFILL_GATHER_MIN_KV", "0")
+    masked = v.llama_logits(str(dsa), toks, **kw)
+    np.testing.assert_array_equal(default, masked)   # 128 cells: below the default threshold
+    assert not np.array_equal(gathered, masked)   # two different graphs ran
+    scale = ref.max() - ref.min()
+    err_gather = np.abs(gathered - ref).max() / scale
+    err_masked = np.abs(masked - ref).max() / scale
+    print("prefill gather", err_gather, "masked", err_masked, "gather vs masked", np.abs(gathered - masked).max() / scale)
+    assert np.abs(gathered - masked).max() / scale < 1e-3
+    assert err_gather < 1.5 * err_masked + 1e-5
+
+
+@requires_backend
 def test_merged_indexer_projections_are_bit_exact_and_used(tiny_dsa, monkeypatch):
     """q_b, k and proj of the indexer lie back to back (dsa writes them so; the loader creates them so): the graph
     multiplies them as one matrix, a tensor aliasing the three weights. The logits must be bit-identical to three

@@ -11,15 +11,20 @@
 // 4 / 8 bits, and the 1B / 8B decode shapes' timing.
 // The score-first kernel (dsa_sattn_partial_sf, the patch's default where it applies) runs beside the two-pass one
 // wherever it applies (F16/F32 rows of <= 256 bytes, GQA 1/2/4/8), on the same inputs, bounds and timings.
-// Exit status 0 iff every case is within 2e-5 (ASQ: 1e-4) relative (of the output row's max |value|).
+// The tensor-core kernel (dsa_sattn_tc_kernel, dsa-sparse-attn-tc.cuh: the patch's prefill-ubatch kernel) runs beside
+// them on every F16 case it applies to (D 64 / 128, GQA <= 16), bound 2e-3 (F16 q and softmax weights, as flash
+// attention), and is timed on 512-token ubatches of 16K / 64K / 128K cells (1B shape) and 64K (8B shape).
+// Exit status 0 iff every case is within 2e-5 (ASQ: 1e-4; tensor cores: 2e-3) relative (of the output row's max |value|).
 #include "check_common.cuh"
 #include "dsa-sparse-attn-kernels.cuh"
+#include "dsa-sparse-attn-tc.cuh"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 
@@ -160,15 +165,20 @@ static bool run_case(const Case & c, bool timing) {
     dsa_sattn_params p = base_params(dq, dk, dv, dm, di, dd, D, nh, nhk, c.n_tps, n_tok, c.n_top, c.n_kv, scale, c.mask_f16);
     p.k_nb1 = p.v_nb1 = (size_t) D*sizeof(T); p.k_nb2 = p.v_nb2 = cell*sizeof(T); p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell*sizeof(T);
     // the score-first kernel (the patch's default) where it applies, checked and timed beside
-    const bool sf = dsa_sattn_sf_applies(p, D, sizeof(T));
+    const bool sf = dsa_sattn_supported(D, nh/nhk) && dsa_sattn_sf_applies(p, D, sizeof(T));
     dsa_sattn_params p_sf = p;
     p_sf.score_first = true;
     auto launch    = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
     auto launch_sf = [&]() { return dsa_sattn_launch<T>(p_sf, D, n_split_sf, scratch, 0); };
     auto all_masked = [&](int r) { return n_tok > 1 && r / nh == 1; }; // token 1: every pick masked
-    CK(launch());
-    CK(cudaDeviceSynchronize());
-    const double worst = max_row_err(dd, ref, D, all_masked);
+    // the FP32 kernels take GQA groups up to 8 (dsa_sattn_supported); larger ones only the tensor-core kernel
+    const bool fp32 = dsa_sattn_supported(D, nh/nhk);
+    double worst = 0;
+    if (fp32) {
+        CK(launch());
+        CK(cudaDeviceSynchronize());
+        worst = max_row_err(dd, ref, D, all_masked);
+    }
     double worst_sf = 0;
     if (sf) {
         CK(cudaMemset(dd, 0xff, ref.size()*4)); // NaN: the second form must write every output
@@ -176,14 +186,30 @@ static bool run_case(const Case & c, bool timing) {
         CK(cudaDeviceSynchronize());
         worst_sf = max_row_err(dd, ref, D, all_masked);
     }
-    const bool ok = worst < 2e-5 && std::isfinite(worst) && worst_sf < 2e-5 && std::isfinite(worst_sf);
+    // the tensor-core kernel (F16 rows) where it applies
+    bool tc = false;
+    double worst_tc = 0;
+    if constexpr (std::is_same<T, half>::value) {
+        tc = dsa_sattn_tc_applies(p, D, 1);
+        if (tc) {
+            CK(cudaMemset(dd, 0xff, ref.size()*4));
+            CK(dsa_sattn_tc_launch(p, D, 0));
+            CK(cudaDeviceSynchronize());
+            worst_tc = max_row_err(dd, ref, D, all_masked);
+        }
+    }
+    const bool ok = worst < 2e-5 && std::isfinite(worst) && worst_sf < 2e-5 && std::isfinite(worst_sf) &&
+                    worst_tc < 2e-3 && std::isfinite(worst_tc);
     printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e", c.name, D, nh,
            nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split, worst);
     if (sf) {
         printf(" | score-first split %2d: %.2e", n_split_sf, worst_sf);
     }
+    if (tc) {
+        printf(" | tensor cores: %.2e", worst_tc);
+    }
     printf(" %s", ok ? "OK" : "FAIL");
-    if (timing) {
+    if (timing && fp32) {
         const double us = time_us(0, 20, 200, [&] { CK(launch()); });
         const double us_cold = time_us_cold(0, 2, 50, [&] { CK(launch()); });
         const double bytes = (double) n_tok*nhk*c.n_top*2.0*D*sizeof(T);
@@ -192,6 +218,10 @@ static bool run_case(const Case & c, bool timing) {
         if (sf) {
             printf(" | score-first %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(launch_sf()); }),
                    time_us_cold(0, 2, 50, [&] { CK(launch_sf()); }));
+        }
+        if (tc) {
+            printf(" | tensor cores %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(dsa_sattn_tc_launch(p, D, 0)); }),
+                   time_us_cold(0, 2, 50, [&] { CK(dsa_sattn_tc_launch(p, D, 0)); }));
         }
     }
     printf("\n");
@@ -323,6 +353,9 @@ int main() {
         {128, 64, 8, 3, 1, 2500,  1000, false, true,  "G 8, f32 cache"},
         {256, 8,  2, 1, 1, 1000,  100,  true,  true,  "D 256"},
         {64,  12, 4, 2, 1, 100,   7,    true,  true,  "G 3, few picks"},
+        {64,  32, 2, 3, 1, 2000,  300,  true,  true,  "G 16, f16"},
+        {128, 48, 4, 2, 2, 1500,  333,  true,  false, "G 12, f16, f32 mask, 2 streams"},
+        {128, 8,  8, 40, 1, 3000, 2048, true,  true,  "MHA 40 tokens, f16"},
     };
     bool all = true;
     for (const Case & c : cases) {
@@ -346,6 +379,11 @@ int main() {
         // a prefill ubatch through the op (LLAMA_DSA_GATHER_MAX_TOKENS=512 in the patch: 28 % slower than the masked
         // flash attention at 64K with the default kernel, RESULTS 4l): what the score-first kernel would change
         {64,  32, 8, 512, 1, 65536, 2048, true, true, "1B shape 512-token ubatch"},
+        // the tensor-core kernel's range (the patch routes prefill ubatches to it from LLAMA_DSA_PREFILL_GATHER_MIN_KV
+        // cells on); masked flash attention costs ~n_kv per token, these ~2048
+        {64,  32, 8, 512, 1, 16384, 2048, true, true, "1B shape 512-token ubatch, 16K"},
+        {64,  32, 8, 512, 1, 131072, 2048, true, true, "1B shape 512-token ubatch, 128K"},
+        {128, 32, 8, 512, 1, 65536, 2048, true, true, "8B shape 512-token ubatch"},
     };
     for (const Case & c : tcases) {
         all &= run_case<half>(c, true);
