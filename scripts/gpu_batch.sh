@@ -67,9 +67,15 @@
 #   3, 4 (warm): the grid with exp:M=2 / --variant,M=0 and the other way round (--gen,34 / --gen,35)
 #   6 (warm): STEPS="exp:PROF_CTX=65536 exp:PROF_PREFILL=1 exp:PROF_PREFILL_ATTN=sparse exp:PROF_ATTN=none profile"
 #            (one prefill ubatch under ncu, about 70 s with the backend built)
-# The next round: the prefill indexer's mask prefetch (LLAMA_DSA_PREFILL_MASK_PREFETCH=1, compiled only): first
-#   bash scripts/cuda/run_cuda_check.sh lip $OUT/lip (bit-equal to the default kernel, timed beside it), then
-#   bench1b=--ctx,16384:65536:131072,--variant,LLAMA_DSA_PREFILL_MASK_PREFETCH=1 and the PPL step with it exported.
+# RESULTS section 4s's round (prefill ubatches over >= 16K cells through the tensor-core sparse attention,
+# LLAMA_DSA_PREFILL_GATHER_MIN_KV = G; the prefill indexer's mask prefetch, LLAMA_DSA_PREFILL_MASK_PREFETCH = P):
+#   1, 3 (cold): (bash scripts/cuda/run_cuda_check.sh sattn $OUT/sattn > $OUT/sattn.log 2>&1; bash
+#            scripts/cuda/run_cuda_check.sh lip $OUT/lip > $OUT/lip.log 2>&1) & STEPS="bg:retrofit exp:TMAX=540 build
+#            exp:TMAX=300 synthbg waitbg wait bench1b=--ctx,65536:131072:16384,--variant,P=0+G=0,--gen,34"
+#   2, 4 (warm): STEPS="synth8bg exp:G=1 exp:ASQ_ARGS=--kv,f16 asq exp:G=16384 wait
+#            bench8b=--ctx,65536:131072:16384,--variant,P=0+G=0,--gen,34 exp:DC_PREFILL=1100 decodecheck"
+#   (PPL with G=1 forces the tensor-core prefill attention on every sparse prefill ubatch of the reference model)
+# The next round: decode (the one-row top-k, RESULTS section 4o / 4s "Next"); 1B prefill has no margin at 64K (0.802).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

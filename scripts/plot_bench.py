@@ -2,13 +2,14 @@
 """Plot saved `dsa bench` rows: decode tok/s vs context, one line per attention mode (the same PNG as `--plot`).
 
     python scripts/plot_bench.py ROWS.jsonl [--match SUBSTRING] [--first] [--label NAME=VARIANT ...] --out OUT.png
-                                 [--title TITLE]
+                                 [--title TITLE] [--metric decode|prefill]
 
 ROWS.jsonl: rows as `dsa bench --jsonl` (or the h200 `speed` step) writes them, one JSON object per line. --match
 keeps the rows whose `file` contains SUBSTRING (a sweep file often holds several models). docs/RESULTS.md §4i's plots
 come from docs/data/speed-h200-2026-11-30.jsonl this way. --first keeps the first row of each (ctx, attn, variant)
 in file order (a file that holds several sweeps of one model); --label NAME=VARIANT (repeatable) names a `--variant`
 line NAME in the legend (everything after the first '=' is the variant, e.g. V1=LLAMA_DSA_A=1+LLAMA_DSA_B=1).
+--metric prefill plots the rows' prefill tok/s instead of decode tok/s (docs/RESULTS.md §4s).
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("rows", type=Path)
     ap.add_argument("--match", default=None, help="keep rows whose `file` contains this")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--title", default="dsa bench: decode speed")
+    ap.add_argument("--title", default=None, help="default: dsa bench: <metric> speed")
+    ap.add_argument("--metric", choices=["decode", "prefill"], default="decode", help="which tok/s to plot")
     ap.add_argument("--first", action="store_true", help="keep the first row of each (ctx, attn, variant)")
     ap.add_argument("--label", action="append", default=[], metavar="NAME=VARIANT", help="legend name of a variant")
     a = ap.parse_args(argv)
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = load_rows(a.rows, a.match)
         if a.first:
             rows = first_rows(rows)
-        out = write_plot(relabel(rows, a.label), a.out, a.title)
+        out = write_plot(relabel(rows, a.label), a.out, a.title or f"dsa bench: {a.metric} speed", a.metric)
     except DsaError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

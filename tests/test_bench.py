@@ -222,6 +222,13 @@ def test_plot_bench_script_plots_saved_rows_and_rejects_bad_input(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pre = tmp_path / "pre.png"   # --metric prefill: the rows' prefill tok/s
+    src2 = tmp_path / "rows2.jsonl"
+    src2.write_text("".join(json.dumps(dict(r, prefill_tok_s=10 * r["decode_tok_s"])) + "\n" for r in rows))
+    r = subprocess.run([sys.executable, script, str(src2), "--metric", "prefill", "--out", str(pre)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert pre.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ctx": 1}\n')
     q = str(tmp_path / "q.png")

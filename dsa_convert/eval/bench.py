@@ -378,8 +378,14 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
     return rows
 
 
-def write_plot(rows: list[dict], out: Path, title: str) -> Path:
-    """PNG of decode tok/s vs context length, one line per attention mode."""
+PLOT_METRICS = {"decode": ("decode_tok_s", "decode tokens / s"), "prefill": ("prefill_tok_s", "prefill tokens / s")}
+
+
+def write_plot(rows: list[dict], out: Path, title: str, metric: str = "decode") -> Path:
+    """PNG of decode (or prefill) tok/s vs context length, one line per attention mode."""
+    if metric not in PLOT_METRICS:
+        raise BadInputError(f"plot metric {metric!r}: expected one of {', '.join(PLOT_METRICS)}")
+    key, ylabel = PLOT_METRICS[metric]
     try:
         import matplotlib
 
@@ -393,14 +399,14 @@ def write_plot(rows: list[dict], out: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lines = [(m, None) for m in ATTN_MODES] + sorted({("sparse", r["variant"]) for r in rows if r.get("variant")})
     for mode, variant in lines:
-        pts = sorted((r["ctx"], r["decode_tok_s"]) for r in rows
-                     if r["attn"] == mode and r.get("variant") == variant and "error" not in r)
+        pts = sorted((r["ctx"], r[key]) for r in rows
+                     if r["attn"] == mode and r.get("variant") == variant and "error" not in r and key in r)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                     label=mode if variant is None else f"{mode} [{variant}]")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("decode tokens / s")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()

@@ -13,7 +13,8 @@
 // wherever it applies (F16/F32 rows of <= 256 bytes, GQA 1/2/4/8), on the same inputs, bounds and timings.
 // The tensor-core kernel (dsa_sattn_tc_kernel, dsa-sparse-attn-tc.cuh: the patch's prefill-ubatch kernel) runs beside
 // them on every F16 case it applies to (D 64 / 128, GQA <= 16), bound 2e-3 (F16 q and softmax weights, as flash
-// attention), and is timed on 512-token ubatches of 16K / 64K / 128K cells (1B shape) and 64K (8B shape).
+// attention), and is timed on 512-token ubatches of 16K / 64K / 128K cells (1B shape) and 64K (8B shape); its split
+// form (4 warps per (KV head, token), LLAMA_DSA_SATTN_TC_SPLIT=4) beside it, same bound.
 // Exit status 0 iff every case is within 2e-5 (ASQ: 1e-4; tensor cores: 2e-3) relative (of the output row's max |value|).
 #include "check_common.cuh"
 #include "dsa-sparse-attn-kernels.cuh"
@@ -188,7 +189,7 @@ static bool run_case(const Case & c, bool timing) {
     }
     // the tensor-core kernel (F16 rows) where it applies
     bool tc = false;
-    double worst_tc = 0;
+    double worst_tc = 0, worst_tc4 = 0;
     if constexpr (std::is_same<T, half>::value) {
         tc = dsa_sattn_tc_applies(p, D, 1);
         if (tc) {
@@ -196,17 +197,21 @@ static bool run_case(const Case & c, bool timing) {
             CK(dsa_sattn_tc_launch(p, D, 0));
             CK(cudaDeviceSynchronize());
             worst_tc = max_row_err(dd, ref, D, all_masked);
+            CK(cudaMemset(dd, 0xff, ref.size()*4)); // the split form (LLAMA_DSA_SATTN_TC_SPLIT=4)
+            CK(dsa_sattn_tc_launch(p, D, 0, DSA_SATTN_TC_WARPS));
+            CK(cudaDeviceSynchronize());
+            worst_tc4 = max_row_err(dd, ref, D, all_masked);
         }
     }
     const bool ok = worst < 2e-5 && std::isfinite(worst) && worst_sf < 2e-5 && std::isfinite(worst_sf) &&
-                    worst_tc < 2e-3 && std::isfinite(worst_tc);
+                    worst_tc < 2e-3 && std::isfinite(worst_tc) && worst_tc4 < 2e-3 && std::isfinite(worst_tc4);
     printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e", c.name, D, nh,
            nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split, worst);
     if (sf) {
         printf(" | score-first split %2d: %.2e", n_split_sf, worst_sf);
     }
     if (tc) {
-        printf(" | tensor cores: %.2e", worst_tc);
+        printf(" | tensor cores: %.2e, split 4: %.2e", worst_tc, worst_tc4);
     }
     printf(" %s", ok ? "OK" : "FAIL");
     if (timing && fp32) {
@@ -222,6 +227,8 @@ static bool run_case(const Case & c, bool timing) {
         if (tc) {
             printf(" | tensor cores %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(dsa_sattn_tc_launch(p, D, 0)); }),
                    time_us_cold(0, 2, 50, [&] { CK(dsa_sattn_tc_launch(p, D, 0)); }));
+            auto split4 = [&] { CK(dsa_sattn_tc_launch(p, D, 0, DSA_SATTN_TC_WARPS)); };
+            printf(" | split 4 %.2f us, L2 cold %.2f us", time_us(0, 20, 200, split4), time_us_cold(0, 2, 50, split4));
         }
     }
     printf("\n");
