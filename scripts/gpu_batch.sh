@@ -75,7 +75,10 @@
 #   2, 4 (warm): STEPS="synth8bg exp:G=1 exp:ASQ_ARGS=--kv,f16 asq exp:G=16384 wait
 #            bench8b=--ctx,65536:131072:16384,--variant,P=0+G=0,--gen,34 exp:DC_PREFILL=1100 decodecheck"
 #   (PPL with G=1 forces the tensor-core prefill attention on every sparse prefill ubatch of the reference model)
-# The next round: decode (the one-row top-k, RESULTS section 4o / 4s "Next"); 1B prefill has no margin at 64K (0.802).
+# The next round: decode (the one-row top-k, RESULTS section 4o / 4s "Next"); 1B prefill has no margin at 64K (0.802):
+#   first a profile of a 16K prefill ubatch (exp:PROF_CTX=16384 exp:PROF_PREFILL=1 exp:PROF_PREFILL_ATTN=sparse,dense
+#   exp:PROF_ATTN=none profile), where ~3 ms per ubatch of the sparse overhead is not explained; and the 8B grid with
+#   --variant LLAMA_DSA_SATTN_TC_SPLIT=4 (the split tensor-core prefill attention: 22 % faster alone on 8B).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
