@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
-from dsa_convert.eval.bench import write_plot  # noqa: E402
+from dsa_convert.eval.bench import PLOT_METRICS, write_plot  # noqa: E402
 
 
 def load_rows(path: Path, match: str | None) -> list[dict]:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--match", default=None, help="keep rows whose `file` contains this")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default=None, help="default: dsa bench: <metric> speed")
-    ap.add_argument("--metric", choices=["decode", "prefill"], default="decode", help="which tok/s to plot")
+    ap.add_argument("--metric", choices=list(PLOT_METRICS), default="decode", help="which tok/s to plot")
     ap.add_argument("--first", action="store_true", help="keep the first row of each (ctx, attn, variant)")
     ap.add_argument("--label", action="append", default=[], metavar="NAME=VARIANT", help="legend name of a variant")
     a = ap.parse_args(argv)

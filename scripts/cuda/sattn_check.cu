@@ -165,15 +165,15 @@ static bool run_case(const Case & c, bool timing) {
 
     dsa_sattn_params p = base_params(dq, dk, dv, dm, di, dd, D, nh, nhk, c.n_tps, n_tok, c.n_top, c.n_kv, scale, c.mask_f16);
     p.k_nb1 = p.v_nb1 = (size_t) D*sizeof(T); p.k_nb2 = p.v_nb2 = cell*sizeof(T); p.k_nb3 = p.v_nb3 = (size_t) c.n_kv*cell*sizeof(T);
+    // the FP32 kernels take GQA groups up to 8 (dsa_sattn_supported); larger ones only the tensor-core kernel
+    const bool fp32 = dsa_sattn_supported(D, nh/nhk);
     // the score-first kernel (the patch's default) where it applies, checked and timed beside
-    const bool sf = dsa_sattn_supported(D, nh/nhk) && dsa_sattn_sf_applies(p, D, sizeof(T));
+    const bool sf = fp32 && dsa_sattn_sf_applies(p, D, sizeof(T));
     dsa_sattn_params p_sf = p;
     p_sf.score_first = true;
     auto launch    = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
     auto launch_sf = [&]() { return dsa_sattn_launch<T>(p_sf, D, n_split_sf, scratch, 0); };
     auto all_masked = [&](int r) { return n_tok > 1 && r / nh == 1; }; // token 1: every pick masked
-    // the FP32 kernels take GQA groups up to 8 (dsa_sattn_supported); larger ones only the tensor-core kernel
-    const bool fp32 = dsa_sattn_supported(D, nh/nhk);
     double worst = 0;
     if (fp32) {
         CK(launch());
@@ -187,22 +187,18 @@ static bool run_case(const Case & c, bool timing) {
         CK(cudaDeviceSynchronize());
         worst_sf = max_row_err(dd, ref, D, all_masked);
     }
-    // the tensor-core kernel (F16 rows) where it applies
-    bool tc = false;
-    double worst_tc = 0, worst_tc4 = 0;
-    if constexpr (std::is_same<T, half>::value) {
-        tc = dsa_sattn_tc_applies(p, D, 1);
-        if (tc) {
-            CK(cudaMemset(dd, 0xff, ref.size()*4));
-            CK(dsa_sattn_tc_launch(p, D, 0));
-            CK(cudaDeviceSynchronize());
-            worst_tc = max_row_err(dd, ref, D, all_masked);
-            CK(cudaMemset(dd, 0xff, ref.size()*4)); // the split form (LLAMA_DSA_SATTN_TC_SPLIT=4)
-            CK(dsa_sattn_tc_launch(p, D, 0, DSA_SATTN_TC_WARPS));
-            CK(cudaDeviceSynchronize());
-            worst_tc4 = max_row_err(dd, ref, D, all_masked);
-        }
-    }
+    // the tensor-core kernel (F16 rows) where it applies, and its split form (LLAMA_DSA_SATTN_TC_SPLIT=4)
+    const bool tc = std::is_same<T, half>::value && dsa_sattn_tc_applies(p, D, 1);
+    auto launch_tc  = [&] { CK(dsa_sattn_tc_launch(p, D, 0)); };
+    auto launch_tc4 = [&] { CK(dsa_sattn_tc_launch(p, D, 0, DSA_SATTN_TC_WARPS)); };
+    auto tc_err = [&](auto launch_form) {
+        CK(cudaMemset(dd, 0xff, ref.size()*4)); // NaN: the form must write every output
+        launch_form();
+        CK(cudaDeviceSynchronize());
+        return max_row_err(dd, ref, D, all_masked);
+    };
+    const double worst_tc  = tc ? tc_err(launch_tc) : 0.0;
+    const double worst_tc4 = tc ? tc_err(launch_tc4) : 0.0;
     const bool ok = worst < 2e-5 && std::isfinite(worst) && worst_sf < 2e-5 && std::isfinite(worst_sf) &&
                     worst_tc < 2e-3 && std::isfinite(worst_tc) && worst_tc4 < 2e-3 && std::isfinite(worst_tc4);
     printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e", c.name, D, nh,
@@ -225,10 +221,10 @@ static bool run_case(const Case & c, bool timing) {
                    time_us_cold(0, 2, 50, [&] { CK(launch_sf()); }));
         }
         if (tc) {
-            printf(" | tensor cores %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(dsa_sattn_tc_launch(p, D, 0)); }),
-                   time_us_cold(0, 2, 50, [&] { CK(dsa_sattn_tc_launch(p, D, 0)); }));
-            auto split4 = [&] { CK(dsa_sattn_tc_launch(p, D, 0, DSA_SATTN_TC_WARPS)); };
-            printf(" | split 4 %.2f us, L2 cold %.2f us", time_us(0, 20, 200, split4), time_us_cold(0, 2, 50, split4));
+            printf(" | tensor cores %.2f us, L2 cold %.2f us", time_us(0, 20, 200, launch_tc),
+                   time_us_cold(0, 2, 50, launch_tc));
+            printf(" | split 4 %.2f us, L2 cold %.2f us", time_us(0, 20, 200, launch_tc4),
+                   time_us_cold(0, 2, 50, launch_tc4));
         }
     }
     printf("\n");
