@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Concurrent CUDA streams must not change a decode (issue 6; GPU builds of the backend).
+"""Concurrent CUDA streams and the indexer key-store fold must not change a decode (issue 6; GPU builds).
 
 The patch forks each sparse DSA layer's single-token graph at `attn_norm` into concurrent CUDA streams: Q, K, V and
 the lightning indexer's branch (merged projection, key LayerNorm, RoPE, key store, indexer, top-k), joined at the
@@ -10,6 +10,10 @@ logits must be bit-identical to a run without the fork. This runs the file three
 alone (the default), and both forks; it compares the logits of every decode step with the run without forks. With
 LLAMA_DSA_STREAMS_LOG=1 the patch reports how many fork regions ran concurrently; that line is echoed, and a run with
 a fork on but no valid region fails (a PASS would say nothing).
+A fourth run, with the DSA fork, folds the indexer key store into the decode indexer kernel (opt-in
+LLAMA_DSA_LID_KFOLD=1; the others store the keys with their own kernel before the indexer): the same arithmetic,
+so its logits must be bit-identical too; it must report the fold (LLAMA_DSA_LID_KFOLD_LOG=1), and the others must
+not, else the comparison says nothing about it.
 
     python scripts/check_streams.py synth-1b.gguf --prefill 2600 --decode 24 --n-gpu-layers 999 [--kv f16|asq]
 
@@ -75,29 +79,37 @@ def main() -> int:
         np.save(a.child, decode_logits(a))
         return 0
 
-    configs = {   # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT)
-        "no fork": ("0", "0"),
-        "DSA fork (default)": ("1", "0"),
-        "DSA + upstream fork": ("1", "1"),
+    configs = {   # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT, LLAMA_DSA_LID_KFOLD)
+        "no fork": ("0", "0", "0"),
+        "DSA fork (default)": ("1", "0", "0"),
+        "DSA + upstream fork": ("1", "1", "0"),
+        "DSA fork, key store folded": ("1", "0", "1"),
     }
     runs = {}
     with tempfile.TemporaryDirectory(prefix="dsa-streams-") as td:
-        for i, (name, (dsa, opt)) in enumerate(configs.items()):
+        for i, (name, (dsa, opt, kfold)) in enumerate(configs.items()):
             out = Path(td) / f"run{i}.npy"
-            env = dict(os.environ, LLAMA_DSA_STREAMS=dsa, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS_LOG="1")
+            env = dict(os.environ, LLAMA_DSA_STREAMS=dsa, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS_LOG="1",
+                       LLAMA_DSA_LID_KFOLD=kfold, LLAMA_DSA_LID_KFOLD_LOG="1")
             cmd = [sys.executable, __file__, a.gguf, "--prefill", str(a.prefill), "--decode", str(a.decode),
                    "--n-gpu-layers", str(a.n_gpu_layers), "--index-keys", a.index_keys, "--seed", str(a.seed),
                    "--kv", a.kv, "--child", str(out)]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             regions = [ln.strip() for ln in p.stderr.splitlines() if "concurrent regions" in ln]
-            print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt}): "
-                  f"{regions[0] if regions else 'no concurrent regions reported'}")
+            folded = any("key store folded" in ln for ln in p.stderr.splitlines())
+            print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_LID_KFOLD={kfold}): "
+                  f"{regions[0] if regions else 'no concurrent regions reported'}; "
+                  f"key store {'folded into the indexer' if folded else 'its own kernel'}")
             if p.returncode != 0:
                 print(f"[FAIL] the run '{name}' exited {p.returncode}:\n{p.stderr[-2000:]}")
                 return 1
             m = re.search(r"concurrent regions: (\d+) of", regions[0]) if regions else None
             if dsa == "1" and (m is None or int(m.group(1)) == 0):
                 print(f"[FAIL] the run '{name}' forked no region: it says nothing about concurrent streams")
+                return 1
+            if (kfold == "1") != folded:
+                print(f"[FAIL] the run '{name}' {'did not fold' if kfold == '1' else 'folded'} the key store: "
+                      "the comparison says nothing about the fold")
                 return 1
             runs[name] = np.load(out)
     ok = True

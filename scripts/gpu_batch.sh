@@ -75,10 +75,19 @@
 #   2, 4 (warm): STEPS="synth8bg exp:G=1 exp:ASQ_ARGS=--kv,f16 asq exp:G=16384 wait
 #            bench8b=--ctx,65536:131072:16384,--variant,P=0+G=0,--gen,34 exp:DC_PREFILL=1100 decodecheck"
 #   (PPL with G=1 forces the tensor-core prefill attention on every sparse prefill ubatch of the reference model)
-# The next round: decode (the one-row top-k, RESULTS section 4o / 4s "Next"); 1B prefill has no margin at 64K (0.802):
-#   first a profile of a 16K prefill ubatch (exp:PROF_CTX=16384 exp:PROF_PREFILL=1 exp:PROF_PREFILL_ATTN=sparse,dense
-#   exp:PROF_ATTN=none profile), where ~3 ms per ubatch of the sparse overhead is not explained; and the 8B grid with
-#   --variant LLAMA_DSA_SATTN_TC_SPLIT=4 (the split tensor-core prefill attention: 22 % faster alone on 8B).
+# RESULTS section 4t's round (the review refactor run on the GPU, the 16K prefill profile, the split kernel in the 8B
+# grid; the key-store fold LLAMA_DSA_LID_KFOLD did not match the graph then):
+#   1 (cold): (bash scripts/cuda/run_cuda_check.sh sattn $OUT/sattn > $OUT/sattn.log 2>&1) & STEPS="bg:retrofit
+#            exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait exp:PROF_CTX=16384 exp:PROF_PREFILL=1
+#            exp:PROF_PREFILL_ATTN=sparse,dense exp:PROF_ATTN=none profile exp:ASQ_ARGS=--kv,f16 asq exp:DC_PREFILL=1100 decodecheck"
+#   2 (warm): STEPS="synth8bg bench1b=--ctx,65536:16384,--gen,35 wait bench8b=--ctx,65536:131072:16384,--variant,LLAMA_DSA_SATTN_TC_SPLIT=4,--gen,34"
+#   3 (cold): STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait streams exp:DC_PREFILL=1100
+#            decodecheck bench1b=--ctx,131072:65536,--variant,LLAMA_DSA_LID_KFOLD=0,--gen,34"
+#   4 (warm): STEPS="hostprof"
+# The next round (section 4t "Next"): cold, STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait
+#   streams hostprof bench1b=--ctx,65536:131072,--attn,sparse,--variant,LLAMA_DSA_LID_KFOLD=1" (streams now compares
+#   the opt-in key-store fold bit for bit and needs its log line), then warm: the 8B A/B of the fold, exp:DC_PREFILL=1100
+#   decodecheck with exp:LLAMA_DSA_LID_KFOLD=1.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

@@ -19,7 +19,8 @@
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
 #             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
 #   streams   scripts/check_streams.py on the synthetic 1B shape: decode logits with and without concurrent CUDA
-#             streams (LLAMA_DSA_STREAMS: the indexer's branch forked at attn_norm; with GGML_CUDA_GRAPH_OPT=1 too) must be
+#             streams (LLAMA_DSA_STREAMS: the indexer's branch forked at attn_norm; with GGML_CUDA_GRAPH_OPT=1 too) and
+#             with the indexer key store folded into the decode indexer or not (LLAMA_DSA_LID_KFOLD) must be
 #             bit-identical                                                                            (issue 6)
 #   decodecheck  scripts/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
 #             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7);
@@ -51,6 +52,8 @@
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE); PROF_PREFILL=1:
 #             also one prefill ubatch's kernels (PROF_PREFILL_ATTN="sparse dense" for both modes)       (issue 6)
+#   hostprof  scripts/profile_decode.py --what prefill at each of $HOSTPROF_CTX (default "16384 65536"), no
+#             profiler: host µs per prefill ubatch (wait / graph / inputs / launch), sparse and dense     (issue 6)
 #   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on
 #             the GPU: decode path vs masked path vs kernels_ref, f16 / q8_0 caches with flash attention   (issue 6)
 #             (DV_F32=1: the copy's weights widened to F32)
@@ -183,6 +186,15 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
         --log-file "$WORK/ncu-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --gen 2 --attn $m --kv ${PROF_KV:-f16} --profile \
         > "$WORK/ncu-$m-$c.log" 2>&1 || tail -5 "$WORK/ncu-$m-$c.log"
       python3 scripts/profile_decode.py --summary "$WORK/ncu-$m-$c.csv" --gen 2 | tee "$WORK/profile-$m-$c.txt" | head -40
+    done ;;
+  hostprof)
+    # where a prefill ubatch's time goes on the host (no profiler): scripts/profile_decode.py --what prefill fills the
+    # context with the patch's LLAMA_DSA_HOST_TIMING on (per fill ubatch: the wait for the previous ubatch's GPU work,
+    # graph build, inputs, input copies + launches), sparse and dense, at each of HOSTPROF_CTX
+    f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
+    synth "$f" llama-3.2-1b --asq 64
+    for c in ${HOSTPROF_CTX:-16384 65536}; do
+      python3 scripts/profile_decode.py "$f" --ctx $c --what prefill | tee "$WORK/hostprof-prefill-$c.json"
     done ;;
   decodeverify)
     # the decode path on the GPU vs the masked path vs kernels_ref (scripts/verify_dsa_patch.py) on a stock copy of

@@ -16,6 +16,9 @@ on, all layers on the GPU), then --gen single-token decodes run, each followed b
 --profile the decode steps are bracketed by cuProfilerStart/Stop (libcuda), so a profiler started with
 `--profile-from-start off` sees only them. The summary groups kernels by name and divides by --gen; the
 difference between the wall time per token and the GPU-time sum is host work plus launch gaps.
+In --what prefill without --profile the fill runs with the patch's LLAMA_DSA_HOST_TIMING=1 and the row gets
+`host_us_per_fill_ubatch`: per fill ubatch, the wait for the previous ubatch's GPU work, the graph build, the
+inputs written and the input copies + kernel launches (docs/PATCH.md).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import argparse
 import contextlib
 import csv
 import ctypes
+import gc
 import json
 import re
 import sys
@@ -59,6 +63,7 @@ def _profiled(on: bool):
 def run(a) -> None:
     import llama_cpp as lc                                           # before numpy / torch (CUDA init order)
     import numpy as np
+    from dsa_convert.backend.llama_log import capture_log
     from dsa_convert.backend.llama_runner import RunnerOptions, open_model
     from dsa_convert.eval import bench
 
@@ -75,7 +80,11 @@ def run(a) -> None:
             prompt = rng.integers(3, llm.n_vocab(), size=a.ctx, dtype=np.int32)
             gen = rng.integers(3, llm.n_vocab(), size=2 * a.gen, dtype=np.int32)
             if a.what == "prefill":      # the last ubatch of the prefill is the measured (profiled) step
-                t_fill = bench._prefill(lc, ctx, prompt[:-a.batch], a.batch)
+                # the fill's ubatches with the patch's host timing (each waits for the previous one's GPU work
+                # first, so the fill is slower than a plain one; the measured last ubatch runs without it)
+                timing = contextlib.nullcontext() if a.profile else bench._patch_switch("LLAMA_DSA_HOST_TIMING", "1")
+                with timing:
+                    t_fill = bench._prefill(lc, ctx, prompt[:-a.batch], a.batch)
                 with _profiled(a.profile):
                     dt = bench._prefill(lc, ctx, prompt[-a.batch:], a.batch)
                 rows.append({"attn": attn, "ctx": a.ctx, "what": "prefill", "prefill_s": round(t_fill, 3),
@@ -88,8 +97,14 @@ def run(a) -> None:
             rows.append({"attn": attn, "ctx": a.ctx, "what": "decode", "gen": a.gen, "prefill_s": round(t_fill, 3),
                          "decode_ms_per_tok": round(1000 * dt / a.gen, 3),
                          "n_graphs_reused": lc.llama_perf_context(ctx).n_reused})
-        finally:
-            llm.close()
+        finally:   # (also after the prefill branch's `continue`)
+            with capture_log(lc) as close_log:   # the patch logs its host timing when the context is freed
+                llm.close()
+                del llm, ctx
+                gc.collect()
+            host = bench.parse_host_timing_prefill("".join(close_log))
+            if a.what == "prefill" and host and rows:   # µs per fill ubatch: GPU wait, graph, inputs, copies + launches
+                rows[-1]["host_us_per_fill_ubatch"] = host
     print(json.dumps(rows))
 
 

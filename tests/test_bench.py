@@ -360,3 +360,31 @@ def test_render_prints_sparse_over_dense_per_ctx():
     add_ratios(rows)   # the sweep's returned / --json rows carry them too
     assert rows[0]["decode_vs_dense"] == 1.35 and rows[0]["prefill_vs_dense"] == 0.4
     assert rows[2]["decode_vs_dense"] == 1.5 and "decode_vs_dense" not in rows[3] and "decode_vs_dense" not in rows[5]
+
+
+def test_parse_host_timing_keeps_decode_and_prefill_lines_apart():
+    from dsa_convert.eval import bench
+    log = ("dsa_host_timing: n=4 graph_us=3.0 inputs_us=1.5 launch_us=80.2\n"
+           "dsa_host_timing_prefill: n=3 wait_us=10.0 graph_us=250.5 inputs_us=40.0 launch_us=900.0\n")
+    assert bench.parse_host_timing(log) == {"n": 4, "graph": 3.0, "inputs": 1.5, "launch": 80.2}
+    assert bench.parse_host_timing_prefill(log) == {"n": 3, "wait": 10.0, "graph": 250.5, "inputs": 40.0,
+                                                    "launch": 900.0}
+    assert bench.parse_host_timing(log.splitlines()[1]) is None       # the prefill line is not a decode line
+    assert bench.parse_host_timing_prefill(log.splitlines()[0]) is None
+
+
+@requires_backend
+def test_profile_prefill_reports_host_time_per_fill_ubatch(tiny):
+    """scripts/profile_decode.py --what prefill: the fill runs with the patch's host timing for multi-token ubatches
+    (one record per fill ubatch, none for the measured last one), read back from the log at context free."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_decode.py"), str(tiny), "--ctx", "512",
+                        "--batch", "128", "--what", "prefill", "--attn", "sparse,dense"],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [x["attn"] for x in rows] == ["sparse", "dense"]
+    for x in rows:
+        host = x["host_us_per_fill_ubatch"]
+        assert host["n"] == 3, host                      # (512 - 128) / 128 fill ubatches, the last one untimed
+        assert host["graph"] > 0 and host["launch"] > 0 and host["wait"] >= 0 and host["inputs"] >= 0, host
+        assert x["last_ubatch_ms"] > 0

@@ -254,3 +254,37 @@ def test_merged_indexer_projections_are_bit_exact_and_used(tiny_dsa, monkeypatch
     monkeypatch.setenv("LLAMA_DSA_MERGE_PROJ", "0")
     r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
     assert r.returncode == 0 and line not in r.stderr
+
+
+@requires_backend
+def test_key_fold_graph_order_is_bit_exact_and_puts_the_indexer_after_its_key_store(tiny_dsa, monkeypatch):
+    """LLAMA_DSA_LID_KFOLD=1 (opt-in): the graph takes each layer's indexer and top-k right after the indexer key
+    store, so that the key chain, the query's RoPE and the indexer are neighbours (what the CUDA backend's key-store
+    fold matches; docs/PATCH.md). Same nodes, another order: token-by-token decode logits must be bit-identical to
+    the default order, and the scheduler's node list of a decode graph must show, for layer 1, nothing but the
+    query's RoPE between the key store and the indexer (the default order has the layer's Q/K/V there)."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(12).integers(3, 320, N)
+    kw = dict(n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True)
+    default = v.llama_logits(str(dsa), toks, **kw)
+    monkeypatch.setenv("LLAMA_DSA_LID_KFOLD", "1")
+    folded_order = v.llama_logits(str(dsa), toks, **kw)
+    np.testing.assert_array_equal(default, folded_order)
+    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True, flash_attn=True); "
+            f"m.eval(list(range(3, 3 + {TOPK + 16}))); m.eval([8])")
+
+    def between_key_store_and_indexer(env_kfold: str) -> list[str]:
+        monkeypatch.setenv("LLAMA_DSA_LID_KFOLD", env_kfold)
+        monkeypatch.setenv("GGML_SCHED_DEBUG", "2")
+        r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        nodes = [ln for ln in r.stderr.splitlines() if ln.startswith("node #")]
+        end = max(i for i, ln in enumerate(nodes)                                       # the last graph: the decode
+                  if "LIGHTNING" in ln.split(":")[0] and ln.split(":")[1].split("(")[0].strip() == "indexer_score-1")
+        start = max(i for i in range(end) if "SET_ROWS" in nodes[i] and "indexer_k_rope-1" in nodes[i])
+        return [ln.split(")")[0].split("(")[-1].strip() + ":" + ln.split(":")[1].split("(")[0].strip()
+                for ln in nodes[start + 1:end]]
+
+    assert between_key_store_and_indexer("1") == ["ROPE:indexer_q_rope-1"]
+    assert any(x.startswith("MUL_MAT:Qcur-1") for x in between_key_store_and_indexer("0"))

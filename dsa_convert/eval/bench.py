@@ -329,6 +329,21 @@ def parse_host_timing(log: str) -> dict | None:
     return {"n": int(n), "graph": float(graph), "inputs": float(inputs), "launch": float(launch)}
 
 
+_HOST_TIMING_PREFILL = re.compile(r"dsa_host_timing_prefill: n=(\d+) wait_us=([\d.]+) graph_us=([\d.]+) "
+                                  r"inputs_us=([\d.]+) launch_us=([\d.]+)")
+
+
+def parse_host_timing_prefill(log: str) -> dict | None:
+    """The patch's LLAMA_DSA_HOST_TIMING line for multi-token ubatches: mean µs per ubatch waiting for the previous
+    ubatch's GPU work (`wait`), in cache apply + graph build (`graph`), writing the inputs (`inputs`) and in the input
+    copies + kernel launches (`launch`); None if the runtime did not log it."""
+    m = _HOST_TIMING_PREFILL.search(log)
+    if not m:
+        return None
+    n, wait, graph, inputs, launch = m.groups()
+    return {"n": int(n), "wait": float(wait), "graph": float(graph), "inputs": float(inputs), "launch": float(launch)}
+
+
 def add_indexer_share(rows: list[dict]) -> None:
     """Sparse rows get 1 - t_dense / t_sparse (prefill and decode) where dense ran at the same ctx."""
     dense = {r["ctx"]: r for r in rows if r["attn"] == "dense" and "error" not in r}
