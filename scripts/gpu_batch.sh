@@ -84,7 +84,8 @@
 #   3 (cold): STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait streams exp:DC_PREFILL=1100
 #            decodecheck bench1b=--ctx,131072:65536,--variant,LLAMA_DSA_LID_KFOLD=0,--gen,34"
 #   4 (warm): STEPS="hostprof"
-# The next round (section 4t "Next"): cold, STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait
+# The next round (section 4t "Next"): cold, (bash scripts/cuda/run_cuda_check.sh lid $OUT/lid > $OUT/lid.log 2>&1) &
+#   (its check_kfold cases: the key block alone) STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait
 #   streams hostprof bench1b=--ctx,65536:131072,--attn,sparse,--variant,LLAMA_DSA_LID_KFOLD=1" (streams now compares
 #   the opt-in key-store fold bit for bit and needs its log line), then warm: the 8B A/B of the fold, exp:DC_PREFILL=1100
 #   decodecheck with exp:LLAMA_DSA_LID_KFOLD=1.

@@ -17,6 +17,8 @@
 // keys stay in L2 from call to call) and with a cold L2 (time_us_cold: as in a model, where each layer's keys come
 // from HBM).
 //
+// and the tensor-core kernel's key block (LLAMA_DSA_LID_KFOLD; check_kfold below says what it checks).
+//
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with dsa-lightning-indexer-decode.cuh> lid_check.cu
 // Exit status 0 iff every case passes.
 #include "check_common.cuh"
@@ -230,6 +232,118 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     return bad;
 }
 
+// The key block of the tensor-core kernel (LLAMA_DSA_LID_KFOLD: p.key set): the indexer keys of this ubatch (one row
+// per stream, at its own position, a forced cell of the DSA mask) normed, rotated and stored while the other blocks
+// score. Checks: (1) the scores equal, bit for bit, the plain tensor-core kernel's run afterwards on the cache the key
+// block wrote (the forced cell scores 1e30 whatever key it read: old, new or half-written); (2) the stored rows against
+// a CPU reference of LayerNorm * w + b, NEOX RoPE (the first n_dims dims), rounded to F16: within 2 F16 ulps (the
+// kernel's fast-math cosf / sinf); (3) no other cache row changed. Then both timed back to back. F32 masks only (the
+// op takes the fold only with one): an F16 mask's forced value (60000 at most) does not absorb the score.
+template <typename TM>
+static int check_kfold(int D, int H, int N, int S, int n_dims) {
+    const bool mask_f16 = sizeof(TM) == 2;
+    std::vector<float> q((size_t) S*H*D), w((size_t) S*H), mf((size_t) S*N), x((size_t) S*D), lw(D), lb(D);
+    std::vector<__half> k((size_t) S*N*D);
+    for (auto & v : q) v = nrand();
+    for (auto & v : k) v = __float2half(nrand());
+    for (auto & v : w) v = nrand();
+    for (auto & v : x) v = 3.0f*nrand() + 0.5f;
+    for (int e = 0; e < D; ++e) { lw[e] = 1.0f + 0.1f*nrand(); lb[e] = 0.1f*nrand(); }
+    std::vector<int32_t> pos(S);
+    std::vector<int64_t> rows(S);
+    for (int s = 0; s < S; ++s) {
+        const int p1 = N - 1 - 3*s;                       // the stream's token: its cell is its position
+        pos[s] = p1; rows[s] = (int64_t) s*N + p1;        // the cache as one [S*N, D] row array
+        for (int j = 0; j < N; ++j) {
+            float m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 1e30f : -1e-30f*(float) j;
+            if (mask_f16) m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 60000.0f : 0.0f;
+            mf[(size_t) s*N + j] = m;
+        }
+    }
+    std::vector<TM> mt(mf.size());
+    for (size_t i = 0; i < mf.size(); ++i) mt[i] = (TM) mf[i];
+    char *dq, *dk, *dw, *dm, *dA, *dB, *dx, *dlw, *dlb, *dpos, *drows;
+    CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMalloc(&dk, k.size()*2)); CK(cudaMalloc(&dw, w.size()*4));
+    CK(cudaMalloc(&dm, mt.size()*sizeof(TM))); CK(cudaMalloc(&dA, (size_t) S*N*4)); CK(cudaMalloc(&dB, (size_t) S*N*4));
+    CK(cudaMalloc(&dx, x.size()*4)); CK(cudaMalloc(&dlw, D*4)); CK(cudaMalloc(&dlb, D*4)); CK(cudaMalloc(&dpos, S*4));
+    CK(cudaMalloc(&drows, S*8));
+    CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, k.data(), k.size()*2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, w.data(), w.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dm, mt.data(), mt.size()*sizeof(TM), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, x.data(), x.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dlw, lw.data(), D*4, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dlb, lb.data(), D*4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpos, pos.data(), S*4, cudaMemcpyHostToDevice)); CK(cudaMemcpy(drows, rows.data(), S*8, cudaMemcpyHostToDevice));
+
+    dsa_lid_params p = {};
+    p.q = dq; p.k = dk; p.w = dw; p.m = dm; p.dst = dB;
+    p.n_head = H; p.n_kv = N; p.n_mask_streams = S;
+    p.nbq1 = (size_t) D*4; p.nbq3 = (size_t) H*D*4; p.nbk3 = (size_t) N*D*2; p.nbw3 = (size_t) H*4;
+    p.nbm3 = (size_t) N*sizeof(TM); p.nb3 = (size_t) N*4; p.w_scale = 1.0f/std::sqrt((float) (H*D)); p.mma = 2;
+    const float freq_base = 10000.0f;
+    dsa_lid_params pk = p; pk.dst = dA;
+    dsa_lid_key & kf = pk.key;
+    kf.x = (const float *) dx; kf.s01 = D; kf.ncols = D; kf.eps = 1e-6f; kf.w = (const float *) dlw;
+    kf.b = (const float *) dlb; kf.n_dims = n_dims; kf.pos = (const int32_t *) dpos; kf.freq_scale = 1.0f;
+    kf.ext_factor = 0.0f; kf.attn_factor = 1.0f; kf.theta_scale = powf(freq_base, -2.0f/n_dims);
+    kf.corr_low = 0.0f; kf.corr_high = 0.0f; kf.row_idx = (const int64_t *) drows; kf.dst = (half *) dk; kf.dst_stride = D;
+    if (!dsa_lid_mma_applies(pk, D, 2)) { printf("kfold D %d H %d: the tensor-core kernel does not apply\n", D, H); return 1; }
+    cudaStream_t st; CK(cudaStreamCreate(&st));
+    auto launch = [&](const dsa_lid_params & pp) {
+        cudaError_t e = dsa_lid_launch<__half, TM>(pp, D, S, st);
+        if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
+    };
+    CK(cudaMemset(dA, 0xff, (size_t) S*N*4)); CK(cudaMemset(dB, 0xee, (size_t) S*N*4));
+    launch(pk);                      // scores + the key rows stored
+    CK(cudaStreamSynchronize(st));
+    launch(p);                       // the plain kernel on the cache as the key block left it
+    CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+    std::vector<float> oA((size_t) S*N), oB((size_t) S*N);
+    std::vector<__half> k2(k.size());
+    CK(cudaMemcpy(oA.data(), dA, oA.size()*4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(oB.data(), dB, oB.size()*4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(k2.data(), dk, k2.size()*2, cudaMemcpyDeviceToHost));
+    const bool same = memcmp(oA.data(), oB.data(), oA.size()*4) == 0;
+    int bad = same ? 0 : 1;
+    double key_err = 0;   // in F16 ulps of the reference
+    int other_changed = 0;
+    for (int s = 0; s < S; ++s) {
+        // CPU reference: LayerNorm (float sums as the kernel's order does not matter at this tolerance), * w + b, RoPE
+        double mean = 0, sq = 0;
+        for (int e = 0; e < D; ++e) { mean += x[(size_t) s*D + e]; sq += (double) x[(size_t) s*D + e]*x[(size_t) s*D + e]; }
+        mean /= D; const double var = sq/D - mean*mean, inv = 1.0/std::sqrt(var + 1e-6);
+        std::vector<double> y(D), r(D);
+        for (int e = 0; e < D; ++e) y[e] = (x[(size_t) s*D + e] - mean)*inv*lw[e] + lb[e];
+        for (int e = 0; e < D; ++e) r[e] = y[e];
+        for (int i0 = 0; i0 < n_dims; i0 += 2) {
+            const double th = pos[s]*std::pow((double) freq_base, -(double) i0/n_dims);
+            const double x0 = y[i0/2], x1 = y[i0/2 + n_dims/2];
+            r[i0/2] = x0*std::cos(th) - x1*std::sin(th); r[i0/2 + n_dims/2] = x0*std::sin(th) + x1*std::cos(th);
+        }
+        for (int e = 0; e < D; ++e) {
+            const double got = __half2float(k2[(size_t) rows[s]*D + e]);
+            const double ulp = std::ldexp(1.0, std::max(-24, (int) std::floor(std::log2(std::fabs(r[e]) + 1e-30)) - 10));
+            key_err = std::max(key_err, std::fabs(got - r[e])/ulp);
+        }
+    }
+    for (size_t i = 0; i < k.size(); ++i) {
+        const int64_t row = (int64_t) (i/D);
+        bool is_new = false;
+        for (int s = 0; s < S; ++s) is_new = is_new || row == rows[s];
+        if (!is_new && memcmp(&k[i], &k2[i], 2) != 0) ++other_changed;
+    }
+    bad += (key_err <= 2.0 ? 0 : 1) + (other_changed ? 1 : 0);
+    auto time_it = [&](auto f) { return (float) time_us(st, 5, 100, f); };
+    const float us_k = time_it([&]() { launch(pk); }), us_p = time_it([&]() { launch(p); });
+    printf("kfold D %-3d H %-2d S %d n_kv %-7d rope %-3d mask %s: scores %s the plain kernel's, key rows within %.2f F16 "
+           "ulps of the CPU reference, %d other cache elements changed -> %s | key block %8.2f us, plain %8.2f us\n",
+           D, H, S, N, n_dims, mask_f16 ? "f16" : "f32", same ? "bit-equal to" : "DIFFERENT FROM", key_err,
+           other_changed, bad ? "FAIL" : "OK", us_k, us_p);
+    CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(dA)); CK(cudaFree(dB));
+    CK(cudaFree(dx)); CK(cudaFree(dlw)); CK(cudaFree(dlb)); CK(cudaFree(dpos)); CK(cudaFree(drows)); CK(cudaStreamDestroy(st));
+    return bad;
+}
+
 int main(int argc, char ** argv) {
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     int bad = 0;
@@ -251,6 +365,10 @@ int main(int argc, char ** argv) {
     bad += check<__half>(64, 16, 32768, 1, false);  // mma: 16 heads (rows g + 8 of the fragment)
     bad += check<__half>(128, 8, 777, 2, true);     // mma: D 128, 8 heads, partial block, 2 streams, F16 mask
     bad += check<__half>(64, 4, 1001, 1, false);    // mma: odd tail (the last group's second key)
+    bad += check_kfold<float>(64, 4, 131072, 1, 64);   // the 1B shape's indexer, rope on every dim
+    bad += check_kfold<float>(64, 4, 4096, 2, 32);     // 2 streams, rope on half the dims
+    bad += check_kfold<float>(128, 8, 33000, 2, 64);   // D 128, 8 heads, partial last block
+    bad += check_kfold<float>(32, 16, 1001, 1, 32);    // D 32, 16 heads, odd tail
     printf(bad ? "MISMATCHES: %d\n" : "ALL OK\n", bad);
     return bad ? 1 : 0;
 }
