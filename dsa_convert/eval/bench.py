@@ -315,33 +315,26 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
     }
 
 
-_HOST_TIMING = re.compile(r"dsa_host_timing: n=(\d+) graph_us=([\d.]+) inputs_us=([\d.]+) launch_us=([\d.]+)")
+def _parse_timing_line(log: str, name: str, fields: tuple[str, ...]) -> dict | None:
+    """The patch's `NAME: n=N F_us=V ...` line (the fields in that order) as {"n": N, F: V, ...}; None if absent."""
+    m = re.search(rf"{name}: n=(\d+) " + " ".join(rf"{f}_us=([\d.]+)" for f in fields), log)
+    if not m:
+        return None
+    return {"n": int(m.group(1)), **{f: float(v) for f, v in zip(fields, m.groups()[1:])}}
 
 
 def parse_host_timing(log: str) -> dict | None:
     """The patch's LLAMA_DSA_HOST_TIMING line: mean host µs per single-token decode spent in cache apply + graph
     build/reuse (`graph`), writing the inputs (`inputs`: masks, positions, indices) and launching the graph (`launch`,
     asynchronous); None if the runtime did not log it (a stock build)."""
-    m = _HOST_TIMING.search(log)
-    if not m:
-        return None
-    n, graph, inputs, launch = m.groups()
-    return {"n": int(n), "graph": float(graph), "inputs": float(inputs), "launch": float(launch)}
-
-
-_HOST_TIMING_PREFILL = re.compile(r"dsa_host_timing_prefill: n=(\d+) wait_us=([\d.]+) graph_us=([\d.]+) "
-                                  r"inputs_us=([\d.]+) launch_us=([\d.]+)")
+    return _parse_timing_line(log, "dsa_host_timing", ("graph", "inputs", "launch"))
 
 
 def parse_host_timing_prefill(log: str) -> dict | None:
     """The patch's LLAMA_DSA_HOST_TIMING line for multi-token ubatches: mean µs per ubatch waiting for the previous
     ubatch's GPU work (`wait`), in cache apply + graph build (`graph`), writing the inputs (`inputs`) and in the input
     copies + kernel launches (`launch`); None if the runtime did not log it."""
-    m = _HOST_TIMING_PREFILL.search(log)
-    if not m:
-        return None
-    n, wait, graph, inputs, launch = m.groups()
-    return {"n": int(n), "wait": float(wait), "graph": float(graph), "inputs": float(inputs), "launch": float(launch)}
+    return _parse_timing_line(log, "dsa_host_timing_prefill", ("wait", "graph", "inputs", "launch"))
 
 
 def add_indexer_share(rows: list[dict]) -> None:

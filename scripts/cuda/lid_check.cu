@@ -95,6 +95,16 @@ static void run_old(const dsa_lid_params & p, int D, int n_stream, cudaStream_t 
 static float to_float(float x) { return x; }
 static float to_float(__half x) { return __half2float(x); }
 
+// a DSA-like indexer mask value of cell j for a token at position p1: causal tail -INF, forced cells (4 sinks, a local
+// window of 64) the bonus (1e30; 60000 for an F16 mask), else the position tie-break (0 for an F16 mask)
+static float dsa_like_mask(const int j, const int p1, const bool mask_f16) {
+    if (j > p1) {
+        return -INFINITY;
+    }
+    const bool forced = j < 4 || j > p1 - 64;
+    return mask_f16 ? (forced ? 60000.0f : 0.0f) : (forced ? 1e30f : -1e-30f*(float) j);
+}
+
 template <typename TK>
 static int check(int D, int H, int N, int S, bool mask_f16) {
     std::vector<float> q((size_t) S*H*D), w((size_t) S*H), mf((size_t) S*N);
@@ -103,11 +113,8 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
     for (auto & x : k) x = (TK) nrand();
     for (auto & x : w) x = nrand();
     const float w_scale = 1.0f/std::sqrt((float) (H*D));
-    for (int s = 0; s < S; ++s) for (int j = 0; j < N; ++j) {   // DSA-like mask: forced cells, tie-break, causal tail
-        const int p1 = N - 1 - 3*s;
-        float m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 1e30f : -1e-30f*(float) j;
-        if (mask_f16) m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 60000.0f : 0.0f;   // F16 range
-        mf[(size_t) s*N + j] = m;
+    for (int s = 0; s < S; ++s) for (int j = 0; j < N; ++j) {
+        mf[(size_t) s*N + j] = dsa_like_mask(j, N - 1 - 3*s, mask_f16);
     }
     std::vector<__half> mh(mf.size());
     for (size_t i = 0; i < mf.size(); ++i) mh[i] = __float2half(mf[i]);
@@ -237,11 +244,9 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
 // score. Checks: (1) the scores equal, bit for bit, the plain tensor-core kernel's run afterwards on the cache the key
 // block wrote (the forced cell scores 1e30 whatever key it read: old, new or half-written); (2) the stored rows against
 // a CPU reference of LayerNorm * w + b, NEOX RoPE (the first n_dims dims), rounded to F16: within 2 F16 ulps (the
-// kernel's fast-math cosf / sinf); (3) no other cache row changed. Then both timed back to back. F32 masks only (the
-// op takes the fold only with one): an F16 mask's forced value (60000 at most) does not absorb the score.
-template <typename TM>
+// kernel's fast-math cosf / sinf); (3) no other cache row changed. Then both timed back to back. An F32 mask, as the
+// op requires for the fold: an F16 mask's forced value (60000 at most) does not absorb the score.
 static int check_kfold(int D, int H, int N, int S, int n_dims) {
-    const bool mask_f16 = sizeof(TM) == 2;
     std::vector<float> q((size_t) S*H*D), w((size_t) S*H), mf((size_t) S*N), x((size_t) S*D), lw(D), lb(D);
     std::vector<__half> k((size_t) S*N*D);
     for (auto & v : q) v = nrand();
@@ -255,22 +260,18 @@ static int check_kfold(int D, int H, int N, int S, int n_dims) {
         const int p1 = N - 1 - 3*s;                       // the stream's token: its cell is its position
         pos[s] = p1; rows[s] = (int64_t) s*N + p1;        // the cache as one [S*N, D] row array
         for (int j = 0; j < N; ++j) {
-            float m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 1e30f : -1e-30f*(float) j;
-            if (mask_f16) m = j > p1 ? -INFINITY : (j < 4 || j > p1 - 64) ? 60000.0f : 0.0f;
-            mf[(size_t) s*N + j] = m;
+            mf[(size_t) s*N + j] = dsa_like_mask(j, p1, false);
         }
     }
-    std::vector<TM> mt(mf.size());
-    for (size_t i = 0; i < mf.size(); ++i) mt[i] = (TM) mf[i];
     char *dq, *dk, *dw, *dm, *dA, *dB, *dx, *dlw, *dlb, *dpos, *drows;
     CK(cudaMalloc(&dq, q.size()*4)); CK(cudaMalloc(&dk, k.size()*2)); CK(cudaMalloc(&dw, w.size()*4));
-    CK(cudaMalloc(&dm, mt.size()*sizeof(TM))); CK(cudaMalloc(&dA, (size_t) S*N*4)); CK(cudaMalloc(&dB, (size_t) S*N*4));
+    CK(cudaMalloc(&dm, mf.size()*4)); CK(cudaMalloc(&dA, (size_t) S*N*4)); CK(cudaMalloc(&dB, (size_t) S*N*4));
     CK(cudaMalloc(&dx, x.size()*4)); CK(cudaMalloc(&dlw, D*4)); CK(cudaMalloc(&dlb, D*4)); CK(cudaMalloc(&dpos, S*4));
     CK(cudaMalloc(&drows, S*8));
     CK(cudaMemcpy(dq, q.data(), q.size()*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dk, k.data(), k.size()*2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dw, w.data(), w.size()*4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dm, mt.data(), mt.size()*sizeof(TM), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dm, mf.data(), mf.size()*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dx, x.data(), x.size()*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dlw, lw.data(), D*4, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dlb, lb.data(), D*4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dpos, pos.data(), S*4, cudaMemcpyHostToDevice)); CK(cudaMemcpy(drows, rows.data(), S*8, cudaMemcpyHostToDevice));
@@ -279,7 +280,7 @@ static int check_kfold(int D, int H, int N, int S, int n_dims) {
     p.q = dq; p.k = dk; p.w = dw; p.m = dm; p.dst = dB;
     p.n_head = H; p.n_kv = N; p.n_mask_streams = S;
     p.nbq1 = (size_t) D*4; p.nbq3 = (size_t) H*D*4; p.nbk3 = (size_t) N*D*2; p.nbw3 = (size_t) H*4;
-    p.nbm3 = (size_t) N*sizeof(TM); p.nb3 = (size_t) N*4; p.w_scale = 1.0f/std::sqrt((float) (H*D)); p.mma = 2;
+    p.nbm3 = (size_t) N*4; p.nb3 = (size_t) N*4; p.w_scale = 1.0f/std::sqrt((float) (H*D)); p.mma = 2;
     const float freq_base = 10000.0f;
     dsa_lid_params pk = p; pk.dst = dA;
     dsa_lid_key & kf = pk.key;
@@ -290,7 +291,7 @@ static int check_kfold(int D, int H, int N, int S, int n_dims) {
     if (!dsa_lid_mma_applies(pk, D, 2)) { printf("kfold D %d H %d: the tensor-core kernel does not apply\n", D, H); return 1; }
     cudaStream_t st; CK(cudaStreamCreate(&st));
     auto launch = [&](const dsa_lid_params & pp) {
-        cudaError_t e = dsa_lid_launch<__half, TM>(pp, D, S, st);
+        cudaError_t e = dsa_lid_launch<__half, float>(pp, D, S, st);
         if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", cudaGetErrorString(e)); exit(2); }
     };
     CK(cudaMemset(dA, 0xff, (size_t) S*N*4)); CK(cudaMemset(dB, 0xee, (size_t) S*N*4));
@@ -335,9 +336,9 @@ static int check_kfold(int D, int H, int N, int S, int n_dims) {
     bad += (key_err <= 2.0 ? 0 : 1) + (other_changed ? 1 : 0);
     auto time_it = [&](auto f) { return (float) time_us(st, 5, 100, f); };
     const float us_k = time_it([&]() { launch(pk); }), us_p = time_it([&]() { launch(p); });
-    printf("kfold D %-3d H %-2d S %d n_kv %-7d rope %-3d mask %s: scores %s the plain kernel's, key rows within %.2f F16 "
+    printf("kfold D %-3d H %-2d S %d n_kv %-7d rope %-3d: scores %s the plain kernel's, key rows within %.2f F16 "
            "ulps of the CPU reference, %d other cache elements changed -> %s | key block %8.2f us, plain %8.2f us\n",
-           D, H, S, N, n_dims, mask_f16 ? "f16" : "f32", same ? "bit-equal to" : "DIFFERENT FROM", key_err,
+           D, H, S, N, n_dims, same ? "bit-equal to" : "DIFFERENT FROM", key_err,
            other_changed, bad ? "FAIL" : "OK", us_k, us_p);
     CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dw)); CK(cudaFree(dm)); CK(cudaFree(dA)); CK(cudaFree(dB));
     CK(cudaFree(dx)); CK(cudaFree(dlw)); CK(cudaFree(dlb)); CK(cudaFree(dpos)); CK(cudaFree(drows)); CK(cudaStreamDestroy(st));
@@ -365,10 +366,10 @@ int main(int argc, char ** argv) {
     bad += check<__half>(64, 16, 32768, 1, false);  // mma: 16 heads (rows g + 8 of the fragment)
     bad += check<__half>(128, 8, 777, 2, true);     // mma: D 128, 8 heads, partial block, 2 streams, F16 mask
     bad += check<__half>(64, 4, 1001, 1, false);    // mma: odd tail (the last group's second key)
-    bad += check_kfold<float>(64, 4, 131072, 1, 64);   // the 1B shape's indexer, rope on every dim
-    bad += check_kfold<float>(64, 4, 4096, 2, 32);     // 2 streams, rope on half the dims
-    bad += check_kfold<float>(128, 8, 33000, 2, 64);   // D 128, 8 heads, partial last block
-    bad += check_kfold<float>(32, 16, 1001, 1, 32);    // D 32, 16 heads, odd tail
+    bad += check_kfold(64, 4, 131072, 1, 64);   // the 1B shape's indexer, rope on every dim
+    bad += check_kfold(64, 4, 4096, 2, 32);     // 2 streams, rope on half the dims
+    bad += check_kfold(128, 8, 33000, 2, 64);   // D 128, 8 heads, partial last block
+    bad += check_kfold(32, 16, 1001, 1, 32);    // D 32, 16 heads, odd tail
     printf(bad ? "MISMATCHES: %d\n" : "ALL OK\n", bad);
     return bad ? 1 : 0;
 }
