@@ -288,3 +288,35 @@ def test_key_fold_graph_order_is_bit_exact_and_puts_the_indexer_after_its_key_st
 
     assert between_key_store_and_indexer("1") == ["ROPE:indexer_q_rope-1"]
     assert any(x.startswith("MUL_MAT:Qcur-1") for x in between_key_store_and_indexer("0"))
+
+
+@requires_backend
+def test_indexer_mask_op_is_bit_exact_against_the_chain_of_ops(tiny_dsa, monkeypatch):
+    """LLAMA_DSA_MASK_OP (default 1): the indexer mask that the graph computes from the attention mask and the
+    positions is one op (ggml_dsa_indexer_mask) instead of about ten element-wise ops; the op repeats each of those
+    ops' roundings, so logits must be bit-identical with LLAMA_DSA_MASK_OP=0, for a prefill-size ubatch that sees more
+    than top-k cells (the masked prefill path) and for single-token decodes (the positions-only mask), and the
+    scheduler's node list must show the op only when it is on."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(13).integers(3, 320, N)
+    for prefill in (PREFILL, 60):
+        kw = dict(n_ctx=128, prefill=prefill, cache_type=1, flash_attn=True)
+        monkeypatch.setenv("LLAMA_DSA_MASK_OP", "1")
+        one_op = v.llama_logits(str(dsa), toks, **kw)
+        monkeypatch.setenv("LLAMA_DSA_MASK_OP", "0")
+        chain = v.llama_logits(str(dsa), toks, **kw)
+        np.testing.assert_array_equal(one_op, chain)
+    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True, flash_attn=True); "
+            f"m.eval(list(range(3, 3 + {TOPK + 40}))); m.eval([8])")
+
+    def mask_ops(env: str) -> int:
+        monkeypatch.setenv("LLAMA_DSA_MASK_OP", env)
+        monkeypatch.setenv("GGML_SCHED_DEBUG", "2")
+        r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        # the scheduler prints an op's name in 10 characters
+        return sum(1 for ln in r.stderr.splitlines() if ln.startswith("node #") and "(DSA_INDEXE" in ln)
+
+    assert mask_ops("1") >= 2    # the prefill ubatch's mask and the decode's
+    assert mask_ops("0") == 0

@@ -243,8 +243,8 @@ static int check(int D, int H, int N, int S, bool mask_f16) {
 // per stream, at its own position, a forced cell of the DSA mask) normed, rotated and stored while the other blocks
 // score. Checks: (1) the scores equal, bit for bit, the plain tensor-core kernel's run afterwards on the cache the key
 // block wrote (the forced cell scores 1e30 whatever key it read: old, new or half-written); (2) the stored rows against
-// a CPU reference of LayerNorm * w + b, NEOX RoPE (the first n_dims dims), rounded to F16: within 2 F16 ulps (the
-// kernel's fast-math cosf / sinf); (3) no other cache row changed. Then both timed back to back. An F32 mask, as the
+// a CPU reference of LayerNorm * w + b, NEOX RoPE (the first n_dims dims; the angle rounded to F32 as the kernel and
+// ggml's RoPE form it), rounded to F16: within 2 F16 ulps at the row's scale (max(|value|, 1)); (3) no other cache row changed. Then both timed back to back. An F32 mask, as the
 // op requires for the fold: an F16 mask's forced value (60000 at most) does not absorb the score.
 static int check_kfold(int D, int H, int N, int S, int n_dims) {
     std::vector<float> q((size_t) S*H*D), w((size_t) S*H), mf((size_t) S*N), x((size_t) S*D), lw(D), lb(D);
@@ -317,13 +317,16 @@ static int check_kfold(int D, int H, int N, int S, int n_dims) {
         for (int e = 0; e < D; ++e) y[e] = (x[(size_t) s*D + e] - mean)*inv*lw[e] + lb[e];
         for (int e = 0; e < D; ++e) r[e] = y[e];
         for (int i0 = 0; i0 < n_dims; i0 += 2) {
-            const double th = pos[s]*std::pow((double) freq_base, -(double) i0/n_dims);
+            // the angle as the kernel forms it, in F32 (pos * theta_scale^(i0/2)); at 128K positions its F32 rounding
+            // alone moves a value by ~1e-2 from the exact angle's (the first run of this check, RESULTS 4u)
+            const double th = (double) ((float) pos[s]*powf(kf.theta_scale, i0/2.0f));
             const double x0 = y[i0/2], x1 = y[i0/2 + n_dims/2];
             r[i0/2] = x0*std::cos(th) - x1*std::sin(th); r[i0/2 + n_dims/2] = x0*std::sin(th) + x1*std::cos(th);
         }
         for (int e = 0; e < D; ++e) {
             const double got = __half2float(k2[(size_t) rows[s]*D + e]);
-            const double ulp = std::ldexp(1.0, std::max(-24, (int) std::floor(std::log2(std::fabs(r[e]) + 1e-30)) - 10));
+            // F16 ulps at the row's scale (LayerNorm output, ~1): a value near 0 is a difference of two such products
+            const double ulp = std::ldexp(1.0, std::max(-24, (int) std::floor(std::log2(std::max(std::fabs(r[e]), 1.0))) - 10));
             key_err = std::max(key_err, std::fabs(got - r[e])/ulp);
         }
     }

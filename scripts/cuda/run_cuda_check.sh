@@ -30,7 +30,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|lidtk|latency [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
-  topk)  HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh" ;;
+  topk)  HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh top-k-radix-rows.cuh" ;;
   sattn) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh dsa-sparse-attn-tc.cuh" ;;
   lid)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh" ;;
   lip)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;

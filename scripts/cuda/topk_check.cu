@@ -15,7 +15,9 @@
 // (columns 1kern_us, 1kern_graph). Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's default for
 // the rows the one-kernel select does not take; rows up to 8 blocks of 1024 threads x 24 keys, 1 or many rows), the same (columns clus_us,
 // clus_graph). Last, a sweep of the one-kernel select for one decode row over its keys per thread (1-16: fewer blocks
-// per row with more keys each; the patch's LLAMA_DSA_TOPK_PERSIST_MIN_EPT), checked and timed.
+// per row with more keys each; the patch's LLAMA_DSA_TOPK_PERSIST_MIN_EPT), checked and timed. The one-block-per-row select
+// (top-k-radix-rows.cuh: the patch's default for prefill rows since RESULTS 4u) in every case, stream and graph,
+// with 512 and with 1024 threads per row (LLAMA_DSA_TOPK_ROWS=1 / 2), timed (columns rows_us, rows_graph, r1k_us).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
@@ -23,6 +25,7 @@
 #include "check_common.cuh"
 #include "top-k-radix-persist.cuh" // includes top-k-radix.cuh
 #include "top-k-radix-cluster.cuh" // the one-cluster candidate
+#include "top-k-radix-rows.cuh"    // the one-block-per-row select (prefill rows)
 
 #include <cub/cub.cuh>
 
@@ -107,7 +110,8 @@ struct OldPath {
 
 static int nsm_global = 0;
 
-struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; double clus_us, cgraph_us; bool clus; int ept, pbpr; };
+struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; double clus_us, cgraph_us; bool clus; int ept, pbpr;
+                double rows_us, rgraph_us, r1k_us; };
 
 // sweep: the one-kernel select only, planned with at least min_ept keys per thread (topk_radix_persist_plan), timed
 static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool sweep = false, int min_ept = 1) {
@@ -164,7 +168,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
         return check(what_graph) && ok;
     };
 
-    Result res{true, 0, 0, 0, 0, 0, false, 0, 0, false, 0, 0};
+    Result res{true, 0, 0, 0, 0, 0, false, 0, 0, false, 0, 0, 0, 0, 0};
     auto run_new = [&] { CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s)); };
     cudaGraph_t g; cudaGraphExec_t ge;
     res.ok = check_stream_and_graph("stream", "graph", run_new, &g, &ge);
@@ -192,6 +196,16 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
         res.ok = check_stream_and_graph("cluster", "cluster graph", run_cluster, &cg, &cge) && res.ok;
     }
 
+    // the one-block-per-row select: any shape; same checks, stream and graph
+    cudaGraph_t rg = nullptr; cudaGraphExec_t rge = nullptr;
+    auto run_rows = [&] { CK(topk_radix_rows_launch(d_src, d_dst, ncols, nrows, k, s)); };
+    auto run_r1k  = [&] { CK(topk_radix_rows_launch(d_src, d_dst, ncols, nrows, k, s, 1024)); };
+    cudaGraph_t r1g = nullptr; cudaGraphExec_t r1ge = nullptr;
+    if (!sweep) {
+        res.ok = check_stream_and_graph("rows", "rows graph", run_rows, &rg, &rge) && res.ok;
+        res.ok = check_stream_and_graph("rows1024", "rows1024 graph", run_r1k, &r1g, &r1ge) && res.ok;
+    }
+
     if (timing) {   // no warm-up: every path has run above
         const int reps = nrows == 1 ? 200 : 10;
         res.new_us   = time_us(s, 0, reps, run_new);
@@ -205,6 +219,11 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
             res.cgraph_us = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(cge, s)); });
         }
         if (!sweep) {
+            res.rows_us   = time_us(s, 0, reps, run_rows);
+            res.rgraph_us = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(rge, s)); });
+            res.r1k_us    = time_us(s, 0, reps, run_r1k);
+        }
+        if (!sweep) {
             OldPath old(ncols, nrows, k);
             old.run(d_src, d_dst, s); CK(cudaStreamSynchronize(s));
             res.old_us = time_us(s, 0, reps, [&] { old.run(d_src, d_dst, s); });
@@ -213,6 +232,8 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     if (pge) { CK(cudaGraphExecDestroy(pge)); CK(cudaGraphDestroy(pg)); }
     if (cge) { CK(cudaGraphExecDestroy(cge)); CK(cudaGraphDestroy(cg)); }
+    if (rge) { CK(cudaGraphExecDestroy(rge)); CK(cudaGraphDestroy(rg)); }
+    if (r1ge) { CK(cudaGraphExecDestroy(r1ge)); CK(cudaGraphDestroy(r1g)); }
     if (d_pscr) CK(cudaFree(d_pscr));
     CK(cudaStreamDestroy(s));
     CK(cudaFree(d_src)); CK(cudaFree(d_dst)); CK(cudaFree(d_scr));
@@ -238,21 +259,21 @@ int main(int argc, char ** argv) {
     for (const E & e : edges) {
         Result r = run_case(e.ncols, e.nrows, e.k, e.kind, false);
         printf("edge  ncols=%6d nrows=%3d k=%5d %-5s : %s%s%s\n", e.ncols, e.nrows, e.k, kind_name(e.kind), r.ok ? "ok" : "FAIL",
-               r.persist ? " (3-kernel and one-kernel)" : "", r.clus ? " (+ cluster)" : "");
+               r.persist ? " (3-kernel and one-kernel)" : "", r.clus ? " (+ cluster)" : "");  // (+ rows: always)
         all_ok &= r.ok;
     }
 
-    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us",
-           "new_us", "graph_us", "speedup", "1kern_us", "1kern_graph", "clus_us", "clus_graph");
+    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s %12s %12s %12s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us",
+           "new_us", "graph_us", "speedup", "1kern_us", "1kern_graph", "clus_us", "clus_graph", "rows_us", "rows_graph", "r1k_us");
     std::vector<int> cols = quick ? std::vector<int>{4096, 65536} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
     for (Kind kind : {DSA, GAUSS, TIES}) {
         for (int nrows : {1, 512}) {
             for (int ncols : cols) {
                 if (kind != DSA && (ncols == 16384 || ncols == 32768)) continue;
                 Result r = run_case(ncols, nrows, 2048, kind, true);
-                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f %12.1f %12.1f\n", kind_name(kind), ncols,
-                       nrows, 2048, r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us, r.persist_us,
-                       r.pgraph_us, r.clus_us, r.cgraph_us);
+                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f\n", kind_name(kind),
+                       ncols, nrows, 2048, r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us, r.persist_us,
+                       r.pgraph_us, r.clus_us, r.cgraph_us, r.rows_us, r.rgraph_us, r.r1k_us);
                 fflush(stdout);
                 all_ok &= r.ok;
             }
