@@ -84,11 +84,16 @@
 #   3 (cold): STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait streams exp:DC_PREFILL=1100
 #            decodecheck bench1b=--ctx,131072:65536,--variant,LLAMA_DSA_LID_KFOLD=0,--gen,34"
 #   4 (warm): STEPS="hostprof"
-# The next round (section 4t "Next"): cold, (bash scripts/cuda/run_cuda_check.sh lid $OUT/lid > $OUT/lid.log 2>&1) &
-#   (its check_kfold cases: the key block alone) STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait
-#   streams hostprof bench1b=--ctx,65536:131072,--attn,sparse,--variant,LLAMA_DSA_LID_KFOLD=1" (streams now compares
-#   the opt-in key-store fold bit for bit and needs its log line), then warm: the 8B A/B of the fold, exp:DC_PREFILL=1100
-#   decodecheck with exp:LLAMA_DSA_LID_KFOLD=1.
+# RESULTS section 4u's round (the one-block-per-row prefill top-k LLAMA_DSA_TOPK_ROWS, the indexer-mask op
+# LLAMA_DSA_MASK_OP, the key-store fold's first GPU run, the per-op host timing LLAMA_DSA_OP_HOST_TIMING):
+#   1, 3 (cold): (bash scripts/cuda/run_cuda_check.sh topk $OUT/topk > $OUT/topk.log 2>&1; bash scripts/cuda/run_cuda_check.sh
+#            lid $OUT/lid > $OUT/lid.log 2>&1) & STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg waitbg wait
+#            exp:ASQ_ARGS=--kv,f16 asq bench1b=--ctx,65536:16384,--variant,LLAMA_DSA_MASK_OP=0,--variant,LLAMA_DSA_TOPK_ROWS=2,--gen,36"
+#            (call 1: bench1b=--ctx,65536,--variant,LLAMA_DSA_TOPK_ROWS=0,--variant,LLAMA_DSA_LID_KFOLD=1,--gen,34 streams)
+#   2, 4 (warm): STEPS="synth8bg bench1b=--ctx,131072:65536,--gen,37 wait bench8b=--ctx,65536:131072:16384,--gen,36
+#            exp:DC_PREFILL=1100 decodecheck exp:LLAMA_DSA_OP_HOST_TIMING=/tmp/w/ophost-16384.txt exp:HOSTPROF_CTX=16384 hostprof"
+# The next round (section 4u "Next"): the 1B prefill's host cost (the indexer projection through cuBLAS, ≈ 107 µs of
+#   host time per layer-ubatch), then the grid twice (the 1B 64K prefill ratio sits at 0.8 within the sweep noise).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
