@@ -21,6 +21,7 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
+//   ./topk_check --one NCOLS NROWS   (one DSA-like case, e.g. under ncu -k regex:topk_radix_rows)
 // Exit status 0 iff every check passed.
 #include "check_common.cuh"
 #include "top-k-radix-persist.cuh" // includes top-k-radix.cuh
@@ -246,6 +247,13 @@ int main(int argc, char ** argv) {
     cudaDeviceProp p; CK(cudaGetDeviceProperties(&p, dev));
     nsm_global = p.multiProcessorCount;
     printf("device: %s, %d SMs\n", p.name, nsm_global);
+    if (argc > 3 && std::string(argv[1]) == "--one") {
+        // one DSA-like case, checked and timed (e.g. under a profiler: --one NCOLS NROWS)
+        Result r = run_case(atoi(argv[2]), atoi(argv[3]), 2048, DSA, true);
+        printf("DSA %s x %s: %s, cluster %.1f us, rows %.1f us, rows1024 %.1f us\n", argv[2], argv[3], r.ok ? "ok" : "FAIL",
+               r.clus_us, r.rows_us, r.r1k_us);
+        return r.ok ? 0 : 1;
+    }
     bool all_ok = true;
 
     // edge cases (correctness only)
