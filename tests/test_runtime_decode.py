@@ -4,6 +4,7 @@ ubatches after a prefill) must match kernels_ref and the one-batch (masked dense
 against the backend built from the committed patch."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -256,6 +257,18 @@ def test_merged_indexer_projections_are_bit_exact_and_used(tiny_dsa, monkeypatch
     assert r.returncode == 0 and line not in r.stderr
 
 
+def _sched_node_lines(dsa: Path, n_prompt: int) -> list[str]:
+    """The scheduler's node lists (GGML_SCHED_DEBUG=2, `node #` lines, every graph in order) of a flash-attention run
+    of `dsa` that evaluates n_prompt tokens in one batch and then one token: the decode's graph comes last. The
+    patch's switches come from the caller's environment."""
+    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True, flash_attn=True); "
+            f"m.eval(list(range(3, 3 + {n_prompt}))); m.eval([8])")
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True,
+                       env=dict(os.environ, GGML_SCHED_DEBUG="2"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [ln for ln in r.stderr.splitlines() if ln.startswith("node #")]
+
+
 @requires_backend
 def test_key_fold_graph_order_is_bit_exact_and_puts_the_indexer_after_its_key_store(tiny_dsa, monkeypatch):
     """LLAMA_DSA_LID_KFOLD=1 (opt-in): the graph takes each layer's indexer and top-k right after the indexer key
@@ -271,15 +284,10 @@ def test_key_fold_graph_order_is_bit_exact_and_puts_the_indexer_after_its_key_st
     monkeypatch.setenv("LLAMA_DSA_LID_KFOLD", "1")
     folded_order = v.llama_logits(str(dsa), toks, **kw)
     np.testing.assert_array_equal(default, folded_order)
-    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True, flash_attn=True); "
-            f"m.eval(list(range(3, 3 + {TOPK + 16}))); m.eval([8])")
 
     def between_key_store_and_indexer(env_kfold: str) -> list[str]:
         monkeypatch.setenv("LLAMA_DSA_LID_KFOLD", env_kfold)
-        monkeypatch.setenv("GGML_SCHED_DEBUG", "2")
-        r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
-        nodes = [ln for ln in r.stderr.splitlines() if ln.startswith("node #")]
+        nodes = _sched_node_lines(dsa, TOPK + 16)
         end = max(i for i, ln in enumerate(nodes)                                       # the last graph: the decode
                   if "LIGHTNING" in ln.split(":")[0] and ln.split(":")[1].split("(")[0].strip() == "indexer_score-1")
         start = max(i for i in range(end) if "SET_ROWS" in nodes[i] and "indexer_k_rope-1" in nodes[i])
@@ -307,16 +315,11 @@ def test_indexer_mask_op_is_bit_exact_against_the_chain_of_ops(tiny_dsa, monkeyp
         monkeypatch.setenv("LLAMA_DSA_MASK_OP", "0")
         chain = v.llama_logits(str(dsa), toks, **kw)
         np.testing.assert_array_equal(one_op, chain)
-    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True, flash_attn=True); "
-            f"m.eval(list(range(3, 3 + {TOPK + 40}))); m.eval([8])")
 
     def mask_ops(env: str) -> int:
         monkeypatch.setenv("LLAMA_DSA_MASK_OP", env)
-        monkeypatch.setenv("GGML_SCHED_DEBUG", "2")
-        r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
         # the scheduler prints an op's name in 10 characters
-        return sum(1 for ln in r.stderr.splitlines() if ln.startswith("node #") and "(DSA_INDEXE" in ln)
+        return sum(1 for ln in _sched_node_lines(dsa, TOPK + 40) if "(DSA_INDEXE" in ln)
 
     assert mask_ops("1") >= 2    # the prefill ubatch's mask and the decode's
     assert mask_ops("0") == 0
