@@ -52,6 +52,11 @@
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE); PROF_PREFILL=1:
 #             also one prefill ubatch's kernels (PROF_PREFILL_ATTN="sparse dense" for both modes)       (issue 6)
+#   trace     a kernel timeline of TRACE_GEN decode steps (default 8) without Nsight Systems: scripts/cuda/kernel_trace.c
+#             (a CUPTI injection library, built here with nvcc) records every kernel's GPU start / end and stream
+#             while scripts/profile_decode.py --profile runs, sparse and dense (TRACE_ATTN), on PROF_FILE (default the
+#             synthetic 1B) at each of TRACE_CTX (default 131072); scripts/trace_summary.py: span, busy and idle per
+#             token, per kernel its exposed time and the launch gap before it, one layer's chain      (issue 6)
 #   hostprof  scripts/profile_decode.py --what prefill at each of $HOSTPROF_CTX (default "16384 65536"), no
 #             profiler: host µs per prefill ubatch (wait / graph / inputs / launch), sparse and dense     (issue 6)
 #   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on
@@ -186,6 +191,22 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
         --log-file "$WORK/ncu-$m-$c.csv" python3 scripts/profile_decode.py "$f" --ctx $c --gen 2 --attn $m --kv ${PROF_KV:-f16} --profile \
         > "$WORK/ncu-$m-$c.log" 2>&1 || tail -5 "$WORK/ncu-$m-$c.log"
       python3 scripts/profile_decode.py --summary "$WORK/ncu-$m-$c.csv" --gen 2 | tee "$WORK/profile-$m-$c.txt" | head -40
+    done ;;
+  trace)
+    CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
+    CUPTI_INC=$(dirname "$(find "$CUDA_HOME"/ -name cupti.h 2>/dev/null | head -1)")
+    CUPTI_LIB=$(dirname "$(find "$CUDA_HOME"/ -name 'libcupti.so*' 2>/dev/null | head -1)")
+    nvcc -shared -Xcompiler -fPIC -o "$WORK/libktrace.so" scripts/cuda/kernel_trace.c -I"$CUPTI_INC" -L"$CUPTI_LIB" -lcupti
+    f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
+    synth "$f" llama-3.2-1b --asq 64
+    tag=$(basename "$f" .gguf)
+    for c in ${TRACE_CTX:-131072}; do
+      LD_LIBRARY_PATH=$CUPTI_LIB:${LD_LIBRARY_PATH:-} CUDA_INJECTION64_PATH=$WORK/libktrace.so \
+        KTRACE_OUT=$WORK/ktrace-$tag-$c.csv python3 scripts/profile_decode.py "$f" --ctx $c --gen ${TRACE_GEN:-8} \
+        --attn ${TRACE_ATTN:-sparse,dense} --profile | tee "$WORK/trace-wall-$tag-$c.json"
+      python3 scripts/trace_summary.py "$WORK/ktrace-$tag-$c.csv" --names ${TRACE_ATTN:-sparse,dense} \
+        > "$WORK/trace-$tag-$c.txt"
+      head -60 "$WORK/trace-$tag-$c.txt"
     done ;;
   hostprof)
     # where a prefill ubatch's time goes on the host (no profiler): scripts/profile_decode.py --what prefill fills the

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Summarise a kernel timeline written by scripts/cuda/kernel_trace.c (a CUPTI injection library).
+
+    python3 scripts/trace_summary.py trace.csv [--names sparse,dense] [--layer-rows 60]
+
+Per window (one `cuProfilerStart/Stop` bracket of scripts/profile_decode.py --profile: one per --attn mode) the
+kernels are grouped into graph launches (the correlation id all kernels of one launch share); the launches of
+the most common size are the decoded tokens. Per token: span (first kernel start to last kernel end), busy (time
+with at least one kernel running), idle = span - busy (launch gaps, waits between streams), kernels and the sum
+of their durations (above busy where streams overlap). Per kernel name, µs per token: the summed duration, the
+*exposed* time (while it runs alone on the GPU, plus an equal share where it overlaps others) and the idle gap just
+before it starts; exposed + idle over all names = span. Then the first --layer-rows kernels of the middle token in
+start order (offset from the token's start, duration, stream), which show one layer's chain.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Rec:
+    kind: str
+    start: int
+    end: int
+    stream: int
+    corr: int
+    node: int
+    grid: int
+    block: int
+    name: str
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    out = {n: n for n in names}
+    mangled = [n for n in names if n.startswith("_Z")]
+    if mangled and shutil.which("c++filt"):
+        res = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True)
+        for m, d in zip(mangled, res.stdout.splitlines()):
+            out[m] = d
+    return out
+
+
+def short_name(full: str) -> str:
+    """The function name with its leading template arguments kept short (kernel<16, 24> -> kernel<16,24>)."""
+    s = re.sub(r"\(.*$", "", full)                    # parameter list
+    s = re.sub(r"^(void|static|__global__)\s+", "", s)
+    m = re.match(r"([\w:~]+)(<.*>)?", s)
+    if not m:
+        return full[:60]
+    base = m.group(1).split("::")[-1]
+    targs = m.group(2) or ""
+    targs = re.sub(r"\(\w+\)", "", targs)            # (ggml_type)1 -> 1
+    targs = re.sub(r"\s+", "", targs)
+    if len(targs) > 40:
+        targs = targs[:37] + "..>"
+    return base + targs
+
+
+def load(path: Path) -> tuple[list[tuple[int, int]], list[Rec]]:
+    windows: list[tuple[int, int]] = []
+    recs: list[Rec] = []
+    with path.open(newline="") as f:
+        for row in csv.reader(f):
+            if not row:
+                continue
+            if row[0] == "window":
+                windows.append((int(row[2]), int(row[3])))
+                continue
+            kind, start, end, stream, corr, node, grid, block = row[:8]
+            name = ",".join(row[8:])
+            recs.append(Rec(kind, int(start), int(end), int(stream), int(corr), int(node), int(grid), int(block),
+                            name))
+    names = _demangle(sorted({r.name for r in recs if r.kind == "K"}))
+    for r in recs:
+        if r.kind == "K":
+            r.name = short_name(names.get(r.name, r.name))
+        elif r.kind == "S":
+            r.name = f"[memset {r.name} B]"
+        else:
+            r.name = f"[memcpy {r.name} B]"
+    windows.sort()
+    recs.sort(key=lambda r: r.start)
+    return windows, recs
+
+
+def _union(iv: list[tuple[int, int]]) -> int:
+    tot, cur_s, cur_e = 0, None, None
+    for s, e in sorted(iv):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                tot += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        tot += cur_e - cur_s
+    return tot
+
+
+def attribute(tok: list[Rec]) -> tuple[dict[str, float], dict[str, float]]:
+    """Exposed ns per name (alone, or an equal share of overlap) and the idle gap before each kernel's start."""
+    events = sorted({r.start for r in tok} | {r.end for r in tok})
+    exposed: dict[str, float] = defaultdict(float)
+    gap_before: dict[str, float] = defaultdict(float)
+    for a, b in zip(events, events[1:]):
+        running = [r for r in tok if r.start <= a and r.end >= b]
+        if running:
+            for r in running:
+                exposed[r.name] += (b - a) / len(running)
+        else:
+            nxt = min((r for r in tok if r.start >= b), key=lambda r: r.start, default=None)
+            if nxt is not None:
+                gap_before[nxt.name] += b - a
+    return exposed, gap_before
+
+
+def summarise(label: str, recs: list[Rec], layer_rows: int) -> None:
+    by_corr: dict[int, list[Rec]] = defaultdict(list)
+    for r in recs:
+        by_corr[r.corr].append(r)
+    sizes: dict[int, int] = defaultdict(int)
+    for g in by_corr.values():
+        sizes[len(g)] += 1
+    if not sizes:
+        print(f"== {label}: no records")
+        return
+    tok_size = max(sizes, key=lambda s: (sizes[s], s))
+    toks = [sorted(g, key=lambda r: r.start) for g in by_corr.values() if len(g) == tok_size]
+    toks.sort(key=lambda g: g[0].start)
+    n = len(toks)
+    others = sum(len(g) for g in by_corr.values() if len(g) != tok_size)
+    spans = [max(r.end for r in g) - g[0].start for g in toks]
+    busy = [_union([(r.start, r.end) for r in g]) for g in toks]
+    ksum = [sum(r.end - r.start for r in g) for g in toks]
+    streams = sorted({r.stream for g in toks for r in g})
+    print(f"== {label}: {n} tokens of {tok_size} GPU records each (+{others} other records), streams {streams}")
+    print(f"   span {sum(spans)/n/1e3:8.1f} µs/token   busy {sum(busy)/n/1e3:8.1f}   idle {(sum(spans)-sum(busy))/n/1e3:8.1f}"
+          f"   kernel sum {sum(ksum)/n/1e3:8.1f}   (min span {min(spans)/1e3:.1f}, max {max(spans)/1e3:.1f})")
+    if n >= 2:
+        between = [toks[i + 1][0].start - max(r.end for r in toks[i]) for i in range(n - 1)]
+        print(f"   between tokens (host: sync, sampling, next graph launch): {sum(between)/len(between)/1e3:.1f} µs")
+    cnt: dict[str, int] = defaultdict(int)
+    dur: dict[str, float] = defaultdict(float)
+    exp_t: dict[str, float] = defaultdict(float)
+    gap_t: dict[str, float] = defaultdict(float)
+    for g in toks:
+        e, gb = attribute(g)
+        for r in g:
+            cnt[r.name] += 1
+            dur[r.name] += r.end - r.start
+        for k, v in e.items():
+            exp_t[k] += v
+        for k, v in gb.items():
+            gap_t[k] += v
+    rows = sorted(cnt, key=lambda k: -(exp_t[k] + gap_t[k]))
+    print(f"   {'kernel':<52} {'n/tok':>6} {'dur µs':>8} {'exposed':>8} {'gap bef':>8} {'exp+gap':>8}")
+    for k in rows:
+        print(f"   {k[:52]:<52} {cnt[k]/n:6.1f} {dur[k]/n/1e3:8.1f} {exp_t[k]/n/1e3:8.1f} {gap_t[k]/n/1e3:8.1f}"
+              f" {(exp_t[k]+gap_t[k])/n/1e3:8.1f}")
+    tot_e = sum(exp_t.values()) / n / 1e3
+    tot_g = sum(gap_t.values()) / n / 1e3
+    print(f"   {'total':<52} {tok_size:6d} {sum(dur.values())/n/1e3:8.1f} {tot_e:8.1f} {tot_g:8.1f} {tot_e+tot_g:8.1f}")
+    mid = toks[n // 2]
+    t0 = mid[0].start
+    print(f"   -- token {n // 2}: first {layer_rows} records (offset µs, duration µs, stream, grid x block, name)")
+    for r in mid[:layer_rows]:
+        print(f"   {(r.start - t0)/1e3:9.2f} {(r.end - r.start)/1e3:8.2f}  s{r.stream:<4d} {r.grid:>6d}x{r.block:<5d} {r.name}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--names", default="", help="comma-separated labels of the windows, in order (e.g. sparse,dense)")
+    ap.add_argument("--layer-rows", type=int, default=60)
+    a = ap.parse_args()
+    windows, recs = load(a.trace)
+    labels = [s for s in a.names.split(",") if s]
+    if not windows:
+        raise SystemExit(f"error: {a.trace}: no profiler window recorded (run the program with --profile)")
+    for i, (ws, we) in enumerate(windows):
+        inside = [r for r in recs if r.start >= ws and (we == 0 or r.start <= we)]
+        summarise(labels[i] if i < len(labels) else f"window {i}", inside, a.layer_rows)
+
+
+if __name__ == "__main__":
+    main()
