@@ -124,23 +124,31 @@ def attribute(tok: list[Rec]) -> tuple[dict[str, float], dict[str, float]]:
 def summarise(label: str, recs: list[Rec], layer_rows: int) -> None:
     by_corr: dict[int, list[Rec]] = defaultdict(list)
     for r in recs:
-        by_corr[r.corr].append(r)
+        if r.kind == "K":
+            by_corr[r.corr].append(r)
     sizes: dict[int, int] = defaultdict(int)
     for g in by_corr.values():
         sizes[len(g)] += 1
-    if not sizes:
-        print(f"== {label}: no records")
+    big = {s: c for s, c in sizes.items() if s >= 8}
+    if not big:
+        print(f"== {label}: no graph launch of 8 or more kernels")
         return
-    tok_size = max(sizes, key=lambda s: (sizes[s], s))
-    toks = [sorted(g, key=lambda r: r.start) for g in by_corr.values() if len(g) == tok_size]
+    tok_size = max(big, key=lambda s: (big[s], s))   # the decode graph: the most common launch size
+    toks = [g for g in by_corr.values() if len(g) == tok_size]
     toks.sort(key=lambda g: g[0].start)
+    # memsets / copies that run inside a token's span (graph memset nodes have their own correlation ids)
+    extra = [r for r in recs if r.kind != "K"]
+    for g in toks:
+        lo, hi = min(r.start for r in g), max(r.end for r in g)
+        g.extend(r for r in extra if lo <= r.start <= hi)
+        g.sort(key=lambda r: r.start)
     n = len(toks)
-    others = sum(len(g) for g in by_corr.values() if len(g) != tok_size)
+    others = len(recs) - sum(len(g) for g in toks)
     spans = [max(r.end for r in g) - g[0].start for g in toks]
     busy = [_union([(r.start, r.end) for r in g]) for g in toks]
     ksum = [sum(r.end - r.start for r in g) for g in toks]
     streams = sorted({r.stream for g in toks for r in g})
-    print(f"== {label}: {n} tokens of {tok_size} GPU records each (+{others} other records), streams {streams}")
+    print(f"== {label}: {n} tokens of {tok_size} kernels each (+{others} other records), streams {streams}")
     print(f"   span {sum(spans)/n/1e3:8.1f} µs/token   busy {sum(busy)/n/1e3:8.1f}   idle {(sum(spans)-sum(busy))/n/1e3:8.1f}"
           f"   kernel sum {sum(ksum)/n/1e3:8.1f}   (min span {min(spans)/1e3:.1f}, max {max(spans)/1e3:.1f})")
     if n >= 2:
