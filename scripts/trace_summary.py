@@ -8,9 +8,10 @@ kernels are grouped into graph launches (the correlation id all kernels of one l
 the most common size are the decoded tokens. Per token: span (first kernel start to last kernel end), busy (time
 with at least one kernel running), idle = span - busy (launch gaps, waits between streams), kernels and the sum
 of their durations (above busy where streams overlap). Per kernel name, µs per token: the summed duration, the
-*exposed* time (while it runs alone on the GPU, plus an equal share where it overlaps others) and the idle gap just
-before it starts; exposed + idle over all names = span. Then the first --layer-rows kernels of the middle token in
+*charged* time and the idle gap just before it starts; charged + gap over all names = span. Then the first --layer-rows kernels of the middle token in
 start order (offset from the token's start, duration, stream), which show one layer's chain.
+A kernel launched with programmatic dependent launch starts (and is timed) while its predecessor still runs, so
+its duration includes that wait; the *charged* time gives each instant to the running kernel that ends first.
 """
 from __future__ import annotations
 
@@ -105,23 +106,39 @@ def _union(iv: list[tuple[int, int]]) -> int:
 
 
 def attribute(tok: list[Rec]) -> tuple[dict[str, float], dict[str, float]]:
-    """Exposed ns per name (alone, or an equal share of overlap) and the idle gap before each kernel's start."""
+    """Per name: the ns it is charged (each instant goes to the running record that ends first: with programmatic
+    dependent launch a kernel starts early and waits for its predecessor, which is what the GPU runs meanwhile) and
+    the idle ns just before it starts. The two sum to the token's span."""
     events = sorted({r.start for r in tok} | {r.end for r in tok})
-    exposed: dict[str, float] = defaultdict(float)
+    charged: dict[str, float] = defaultdict(float)
     gap_before: dict[str, float] = defaultdict(float)
     for a, b in zip(events, events[1:]):
         running = [r for r in tok if r.start <= a and r.end >= b]
         if running:
-            for r in running:
-                exposed[r.name] += (b - a) / len(running)
+            charged[min(running, key=lambda r: (r.end, r.start)).name] += b - a
         else:
             nxt = min((r for r in tok if r.start >= b), key=lambda r: r.start, default=None)
             if nxt is not None:
                 gap_before[nxt.name] += b - a
-    return exposed, gap_before
+    return charged, gap_before
 
 
-def summarise(label: str, recs: list[Rec], layer_rows: int) -> None:
+@dataclass
+class Summary:
+    label: str
+    n_tokens: int
+    kernels_per_token: int
+    others: int
+    streams: list[int]
+    span_us: float           # per token, means
+    busy_us: float
+    kernel_sum_us: float
+    between_us: float        # from the end of one token's kernels to the start of the next
+    rows: list[tuple[str, float, float, float, float]]   # name, n/token, duration, charged, gap before (µs/token)
+    first: list[Rec]         # the middle token's records in start order
+
+
+def summarise(label: str, recs: list[Rec]) -> Summary | None:
     by_corr: dict[int, list[Rec]] = defaultdict(list)
     for r in recs:
         if r.kind == "K":
@@ -131,54 +148,54 @@ def summarise(label: str, recs: list[Rec], layer_rows: int) -> None:
         sizes[len(g)] += 1
     big = {s: c for s, c in sizes.items() if s >= 8}
     if not big:
-        print(f"== {label}: no graph launch of 8 or more kernels")
-        return
+        return None
     tok_size = max(big, key=lambda s: (big[s], s))   # the decode graph: the most common launch size
-    toks = [g for g in by_corr.values() if len(g) == tok_size]
-    toks.sort(key=lambda g: g[0].start)
-    # memsets / copies that run inside a token's span (graph memset nodes have their own correlation ids)
-    extra = [r for r in recs if r.kind != "K"]
+    toks = sorted((g for g in by_corr.values() if len(g) == tok_size), key=lambda g: g[0].start)
+    extra = [r for r in recs if r.kind != "K"]       # graph memset nodes have their own correlation ids
     for g in toks:
         lo, hi = min(r.start for r in g), max(r.end for r in g)
         g.extend(r for r in extra if lo <= r.start <= hi)
         g.sort(key=lambda r: r.start)
     n = len(toks)
-    others = len(recs) - sum(len(g) for g in toks)
     spans = [max(r.end for r in g) - g[0].start for g in toks]
-    busy = [_union([(r.start, r.end) for r in g]) for g in toks]
-    ksum = [sum(r.end - r.start for r in g) for g in toks]
-    streams = sorted({r.stream for g in toks for r in g})
-    print(f"== {label}: {n} tokens of {tok_size} kernels each (+{others} other records), streams {streams}")
-    print(f"   span {sum(spans)/n/1e3:8.1f} µs/token   busy {sum(busy)/n/1e3:8.1f}   idle {(sum(spans)-sum(busy))/n/1e3:8.1f}"
-          f"   kernel sum {sum(ksum)/n/1e3:8.1f}   (min span {min(spans)/1e3:.1f}, max {max(spans)/1e3:.1f})")
-    if n >= 2:
-        between = [toks[i + 1][0].start - max(r.end for r in toks[i]) for i in range(n - 1)]
-        print(f"   between tokens (host: sync, sampling, next graph launch): {sum(between)/len(between)/1e3:.1f} µs")
+    between = [toks[i + 1][0].start - max(r.end for r in toks[i]) for i in range(n - 1)]
     cnt: dict[str, int] = defaultdict(int)
     dur: dict[str, float] = defaultdict(float)
-    exp_t: dict[str, float] = defaultdict(float)
-    gap_t: dict[str, float] = defaultdict(float)
+    chg: dict[str, float] = defaultdict(float)
+    gap: dict[str, float] = defaultdict(float)
     for g in toks:
-        e, gb = attribute(g)
+        c, gb = attribute(g)
         for r in g:
             cnt[r.name] += 1
             dur[r.name] += r.end - r.start
-        for k, v in e.items():
-            exp_t[k] += v
+        for k, v in c.items():
+            chg[k] += v
         for k, v in gb.items():
-            gap_t[k] += v
-    rows = sorted(cnt, key=lambda k: -(exp_t[k] + gap_t[k]))
-    print(f"   {'kernel':<52} {'n/tok':>6} {'dur µs':>8} {'exposed':>8} {'gap bef':>8} {'exp+gap':>8}")
-    for k in rows:
-        print(f"   {k[:52]:<52} {cnt[k]/n:6.1f} {dur[k]/n/1e3:8.1f} {exp_t[k]/n/1e3:8.1f} {gap_t[k]/n/1e3:8.1f}"
-              f" {(exp_t[k]+gap_t[k])/n/1e3:8.1f}")
-    tot_e = sum(exp_t.values()) / n / 1e3
-    tot_g = sum(gap_t.values()) / n / 1e3
-    print(f"   {'total':<52} {tok_size:6d} {sum(dur.values())/n/1e3:8.1f} {tot_e:8.1f} {tot_g:8.1f} {tot_e+tot_g:8.1f}")
-    mid = toks[n // 2]
-    t0 = mid[0].start
-    print(f"   -- token {n // 2}: first {layer_rows} records (offset µs, duration µs, stream, grid x block, name)")
-    for r in mid[:layer_rows]:
+            gap[k] += v
+    rows = [(k, cnt[k] / n, dur[k] / n / 1e3, chg[k] / n / 1e3, gap[k] / n / 1e3) for k in cnt]
+    rows.sort(key=lambda x: -(x[3] + x[4]))
+    return Summary(label, n, tok_size, len(recs) - sum(len(g) for g in toks), sorted({r.stream for g in toks for r in g}),
+                   sum(spans) / n / 1e3, sum(_union([(r.start, r.end) for r in g]) for g in toks) / n / 1e3,
+                   sum(r.end - r.start for g in toks for r in g) / n / 1e3,
+                   sum(between) / len(between) / 1e3 if between else 0.0, rows, toks[n // 2])
+
+
+def report(s: Summary | None, label: str, layer_rows: int) -> None:
+    if s is None:
+        print(f"== {label}: no graph launch of 8 or more kernels")
+        return
+    print(f"== {s.label}: {s.n_tokens} tokens of {s.kernels_per_token} kernels each (+{s.others} other records), "
+          f"streams {s.streams}")
+    print(f"   span {s.span_us:8.1f} µs/token   busy {s.busy_us:8.1f}   idle {s.span_us - s.busy_us:8.1f}"
+          f"   kernel sum {s.kernel_sum_us:8.1f}   between tokens {s.between_us:.1f}")
+    print(f"   {'kernel':<52} {'n/tok':>6} {'dur µs':>8} {'charged':>8} {'gap bef':>8} {'sum':>8}")
+    for name, n, d, c, g in s.rows:
+        print(f"   {name[:52]:<52} {n:6.1f} {d:8.1f} {c:8.1f} {g:8.1f} {c + g:8.1f}")
+    tc, tg = sum(r[3] for r in s.rows), sum(r[4] for r in s.rows)
+    print(f"   {'total':<52} {s.kernels_per_token:6d} {s.kernel_sum_us:8.1f} {tc:8.1f} {tg:8.1f} {tc + tg:8.1f}")
+    t0 = s.first[0].start
+    print(f"   -- the middle token: first {layer_rows} records (offset µs, duration µs, stream, grid x block, name)")
+    for r in s.first[:layer_rows]:
         print(f"   {(r.start - t0)/1e3:9.2f} {(r.end - r.start)/1e3:8.2f}  s{r.stream:<4d} {r.grid:>6d}x{r.block:<5d} {r.name}")
 
 
@@ -194,7 +211,8 @@ def main() -> None:
         raise SystemExit(f"error: {a.trace}: no profiler window recorded (run the program with --profile)")
     for i, (ws, we) in enumerate(windows):
         inside = [r for r in recs if r.start >= ws and (we == 0 or r.start <= we)]
-        summarise(labels[i] if i < len(labels) else f"window {i}", inside, a.layer_rows)
+        label = labels[i] if i < len(labels) else f"window {i}"
+        report(summarise(label, inside), label, a.layer_rows)
 
 
 if __name__ == "__main__":
