@@ -92,8 +92,18 @@
 #            (call 1: bench1b=--ctx,65536,--variant,LLAMA_DSA_TOPK_ROWS=0,--variant,LLAMA_DSA_LID_KFOLD=1,--gen,34 streams)
 #   2, 4 (warm): STEPS="synth8bg bench1b=--ctx,131072:65536,--gen,37 wait bench8b=--ctx,65536:131072:16384,--gen,36
 #            exp:DC_PREFILL=1100 decodecheck exp:LLAMA_DSA_OP_HOST_TIMING=/tmp/w/ophost-16384.txt exp:HOSTPROF_CTX=16384 hostprof"
-# The next round (section 4u "Next"): the 1B prefill's host cost (the indexer projection through cuBLAS, ≈ 107 µs of
-#   host time per layer-ubatch), then the grid twice (the 1B 64K prefill ratio sits at 0.8 within the sweep noise).
+# RESULTS section 4v's round (the first kernel timelines, h200_checks.sh step `trace`; the indexer branch's stream
+# priority LLAMA_DSA_STREAM_PRIO):
+#   1 (cold): STEPS="exp:TMAX=540 build exp:TMAX=300 synthbg synth8bg wait exp:TRACE_CTX=131072 trace"
+#   2 (warm): STEPS="exp:PROF_FILE=/tmp/w/synth-8b.gguf exp:TRACE_CTX=65536 trace exp:PROF_FILE=/tmp/w/synth-1b-asq.gguf
+#            exp:TRACE_CTX=16384 trace bench1b=--ctx,65536:131072:16384,--gen,33 bench8b=--ctx,65536:131072,--gen,33"
+#   3 (cold): STEPS="exp:TMAX=540 build exp:TMAX=300 synthbg synth8bg wait exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 trace
+#            bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=0,--variant,LLAMA_DSA_TOPK_CLEAN=1+LLAMA_DSA_LID_KFOLD=1,--gen,34"
+#   4, 5 (warm): the 8B timeline at 64K with TRACE_ATTN=sparse, then bench8b / bench1b at 64K:128K with
+#            --variant,LLAMA_DSA_STREAM_PRIO=0 (--gen,34 / --gen,35)
+# The next round (section 4v "Next"): run `trace` beside every A/B (the bench's ratios move by ±4 % with the host's
+#   speed in each process, the timeline's GPU spans by < 1 %); the decode top-k (≈ 16 µs per 1B layer at 128K) is
+#   the largest DSA cost, the memset node before it ≈ 2 µs per layer with its gaps.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
