@@ -135,7 +135,11 @@ class Summary:
     kernel_sum_us: float
     between_us: float        # from the end of one token's kernels to the start of the next
     rows: list[tuple[str, float, float, float, float]]   # name, n/token, duration, charged, gap before (µs/token)
-    first: list[Rec]         # the middle token's records in start order
+    tokens: list[list[Rec]]  # each token's records in start order
+
+    @property
+    def first(self) -> list[Rec]:
+        return self.tokens[self.n_tokens // 2]   # the middle token
 
 
 def summarise(label: str, recs: list[Rec]) -> Summary | None:
@@ -177,10 +181,26 @@ def summarise(label: str, recs: list[Rec]) -> Summary | None:
     return Summary(label, n, tok_size, len(recs) - sum(len(g) for g in toks), sorted({r.stream for g in toks for r in g}),
                    sum(spans) / n / 1e3, sum(_union([(r.start, r.end) for r in g]) for g in toks) / n / 1e3,
                    sum(r.end - r.start for g in toks for r in g) / n / 1e3,
-                   sum(between) / len(between) / 1e3 if between else 0.0, rows, toks[n // 2])
+                   sum(between) / len(between) / 1e3 if between else 0.0, rows, toks)
 
 
-def report(s: Summary | None, label: str, layer_rows: int) -> None:
+def chain(s: Summary, a: str, b: str) -> tuple[float, float] | None:
+    """Per token, from the end of each kernel whose name contains `a` to the end of the next kernel whose name contains
+    `b` (e.g. a layer's attention norm to its attention output: `rms_norm`, `combine`): (occurrences per token, mean
+    µs per occurrence), None where b never follows a."""
+    spans = []
+    for tok in s.tokens:
+        last_a = None
+        for r in tok:                       # start order
+            if b in r.name and last_a is not None:
+                spans.append(r.end - last_a)
+                last_a = None
+            if a in r.name:
+                last_a = r.end
+    return (len(spans) / s.n_tokens, sum(spans) / len(spans) / 1e3) if spans else None
+
+
+def report(s: Summary | None, label: str, layer_rows: int, chains: list[tuple[str, str]] = ()) -> None:
     if s is None:
         print(f"== {label}: no graph launch of 8 or more kernels")
         return
@@ -193,6 +213,9 @@ def report(s: Summary | None, label: str, layer_rows: int) -> None:
         print(f"   {name[:52]:<52} {n:6.1f} {d:8.1f} {c:8.1f} {g:8.1f} {c + g:8.1f}")
     tc, tg = sum(r[3] for r in s.rows), sum(r[4] for r in s.rows)
     print(f"   {'total':<52} {s.kernels_per_token:6d} {s.kernel_sum_us:8.1f} {tc:8.1f} {tg:8.1f} {tc + tg:8.1f}")
+    for a, b in chains:
+        c = chain(s, a, b)
+        print(f"   chain {a} -> {b}: " + (f"{c[1]:.2f} µs, {c[0]:.1f} times per token" if c else "never"))
     t0 = s.first[0].start
     print(f"   -- the middle token: first {layer_rows} records (offset µs, duration µs, stream, grid x block, name)")
     for r in s.first[:layer_rows]:
@@ -204,15 +227,23 @@ def main() -> None:
     ap.add_argument("trace", type=Path)
     ap.add_argument("--names", default="", help="comma-separated labels of the windows, in order (e.g. sparse,dense)")
     ap.add_argument("--layer-rows", type=int, default=60)
+    ap.add_argument("--chain", action="append", default=[], metavar="A,B",
+                    help="from the end of a kernel named *A* to the end of the next one named *B* (repeatable), "
+                         "e.g. rms_norm,combine: a layer's attention norm to its attention output")
     a = ap.parse_args()
     windows, recs = load(a.trace)
     labels = [s for s in a.names.split(",") if s]
+    chains = []
+    for c in a.chain:
+        if c.count(",") != 1 or "" in c.split(","):
+            raise SystemExit(f"error: --chain {c!r}: give two name parts, A,B")
+        chains.append(tuple(c.split(",")))
     if not windows:
         raise SystemExit(f"error: {a.trace}: no profiler window recorded (run the program with --profile)")
     for i, (ws, we) in enumerate(windows):
         inside = [r for r in recs if r.start >= ws and (we == 0 or r.start <= we)]
         label = labels[i] if i < len(labels) else f"window {i}"
-        report(summarise(label, inside), label, a.layer_rows)
+        report(summarise(label, inside), label, a.layer_rows, chains)
 
 
 if __name__ == "__main__":

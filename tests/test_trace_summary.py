@@ -69,15 +69,22 @@ def test_tokens_spans_and_charged_time_add_up(trace_csv):
     assert rows["indexer"][2] == pytest.approx(2.0)
     assert rows["indexer"][1] == pytest.approx(4.0)                      # its duration includes the PDL wait
     assert sum(r[2] + r[3] for r in rows.values()) == pytest.approx(s.span_us)
+    # a layer's attention block: from the end of its norm to the end of the attention's last kernel
+    assert ts.chain(s, "norm", "combine") == pytest.approx((1.0, 9.0))
+    assert ts.chain(s, "combine", "norm") is None                        # no norm after a combine in a token
 
 
 def test_cli_prints_a_table_and_rejects_a_trace_without_window(trace_csv, tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), "--names",
-                          "sparse"], capture_output=True, text=True, check=True).stdout
+                          "sparse", "--chain", "norm,combine"], capture_output=True, text=True, check=True).stdout
     assert "== sparse: 3 tokens of 8 kernels each" in out
+    assert "chain norm -> combine: 9.00 µs, 1.0 times per token" in out
     assert "outside_the_window" not in out
     bare = tmp_path / "bare.csv"
     bare.write_text("K,1,2,7,1,1,1,1,k\n")
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(bare)],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "no profiler window" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), "--chain", "norm"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "give two name parts" in res.stderr and "Traceback" not in res.stderr
