@@ -10,8 +10,8 @@
 //
 // Output (KTRACE_OUT, CSV, appended at exit): "window,I,START,END" for each window, then one line per record inside a
 // window: kind (K kernel, S memset, C memcpy), start, end (ns, GPU clock), stream, correlation id (the API call that
-// launched it: all kernels of one graph launch share it), graph node id, grid size, block size, name (kernels:
-// mangled) or byte count.
+// launched it: all kernels of one graph launch share it; a graph's memset nodes get ids of their own), graph node id,
+// grid size (memcpy: CUPTI's copy kind; memset: 0), block size (0 for both), name (kernels: mangled) or byte count.
 // Records outside every window are dropped as the buffers arrive, so a long prefill before the window costs only
 // CUPTI's own overhead.
 #include <cupti.h>
