@@ -310,6 +310,9 @@ def bench(
                                                             "that patch switch set, in a process of its own "
                                                             "(repeatable; several switches joined by '+', GGML_CUDA_* "
                                                             "names too; docs/PATCH.md)"),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the sweep to these host CPUs, e.g. 0-7 (on a GPU "
+                                                            "machine its local cores: nvidia-smi topo -m); every row "
+                                                            "records the CPU and NUMA node of its timed decode"),
     as_json: bool = typer.Option(False, "--json", help="print the list of runs as JSON"),
 ):
     """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""
@@ -320,7 +323,7 @@ def bench(
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
                      kv=kv.lower(), index_keys=_lower(index_keys), batch=batch, threads=threads,
                      flash_attn=flash_attn, force=force, seed=seed, plot=plot, jsonl=jsonl, variants=list(variant),
-                     quiet=as_json)
+                     quiet=as_json, cpus=cpus)
     rows = run(file, o)
     if plot is not None:
         write_plot(rows, plot, f"{file.name} ({rows[0].get('device', '?')}, kv {o.kv}, gen {o.gen})")

@@ -94,6 +94,7 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
         # ggml_time_us ticks in whole microseconds, so a tiny model's inputs (< 1 us a token) can average 0.0
         host = x["host_us_per_decode_token"]
         assert host["n"] == 4 and host["inputs"] >= 0 and host["launch"] > 0, host
+        assert x["host_cpu"]["cpu"] is not None and x["host_cpu"]["affinity"], x["host_cpu"]
         print(f"tiny cpu ctx={x['ctx']} {x['attn']}: prefill {x['prefill_tok_s']} tok/s, decode {x['decode_tok_s']} "
               f"tok/s, kv {x['kv_bytes']} B ({x['kv_bytes_per_token']} B/token, {x['kv_cells']} cells)")
     by = {(x["ctx"], x["attn"]): x for x in rows}
@@ -142,7 +143,7 @@ def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     both = "LLAMA_DSA_FUSED_ATTN=0+GGML_CUDA_GRAPH_OPT=1"
     r = run_dsa("bench", str(tiny), "--ctx", "64,128", "--gen", "2", "--threads", "1", "--n-gpu-layers", "0",
-                "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--variant", both, "--json")
+                "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--variant", both, "--cpus", "0", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(x["ctx"], x["attn"], x["variant"]) for x in rows] == [
@@ -155,6 +156,8 @@ def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
     plain = {x["pid"] for x in rows if not x["variant"]}
     own = [x["pid"] for x in rows if x["variant"]]
     assert len(plain) == 1 and len(set(own)) == 4 and not plain & set(own), [x["pid"] for x in rows]
+    # --cpus 0 pinned the sweep, and the variant processes inherited it
+    assert all(x["host_cpu"]["affinity"] == "0" and x["host_cpu"]["cpu"] == 0 for x in rows), [x["host_cpu"] for x in rows]
 
 
 @requires_backend
@@ -181,6 +184,9 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--variant", "LLAMA_DSA_FUSED_ATTN=0+LLAMA_DSA_FUSED_ATTN=1"], "expected LLAMA_DSA_NAME=VALUE"),
     (["--variant", "LLAMA_DSA_FUSED_ATTN=0+"], "expected LLAMA_DSA_NAME=VALUE"),
     (["--variant", "LLAMA_DSA_FUSED_ATTN=0", "--attn", "dense"], "needs --attn sparse"),
+    (["--cpus", "x"], "--cpus: 'x' is not a CPU number or range"),
+    (["--cpus", "3-1"], "--cpus: '3-1' is not a CPU number or range"),
+    (["--cpus", "0,100000"], "--cpus: CPU 100000 is not available"),
 ])
 def test_bench_bad_options(tiny, tmp_path, args, needle):
     png = tmp_path / "p.png"

@@ -28,7 +28,8 @@ allowed too (LLAMA_DSA_STREAMS=0+GGML_CUDA_GRAPH_OPT=1). Each
 variant run happens in a Python process of its own (eval/variant_proc.py, the switch set before llama.cpp loads): the CUDA
 backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_TOPK_PERSIST),
 so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
-process that ran it.
+process that ran it, and `host_cpu`: the host CPU and NUMA node it last ran on after the timed decodes and its CPU
+affinity (--cpus LIST pins the sweep and its variant processes; eval/host_cpu.py says why).
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
 from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, open_model
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
+from . import host_cpu
 from ..progress import task
 from .perplexity_llamacpp import dsa_overrides
 
@@ -80,6 +82,7 @@ class BenchOptions:
     jsonl: Path | None = None         # append each finished row here at once (partial results survive a kill)
     variants: list[str] = field(default_factory=list)   # LLAMA_DSA_NAME=VALUE: one more sparse run per ctx each
     quiet: bool = False
+    cpus: str | None = None           # pin the sweep (and its variant processes) to these host CPUs (host_cpu.py)
 
 
 @dataclass
@@ -192,6 +195,8 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
     for m in o.attn:
         if m not in ATTN_MODES:
             raise BadInputError(f"unknown --attn {m!r} (choose from sparse, dense)")
+    if o.cpus is not None:
+        host_cpu.check(o.cpus)
     for opt, p in (("--plot", o.plot), ("--jsonl", o.jsonl)):
         if p is not None and not Path(p).resolve().parent.is_dir():
             raise BadInputError(f"{opt}: directory does not exist: {Path(p).resolve().parent}")
@@ -277,6 +282,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         warm = lc.llama_perf_context(ctx)                   # llama.cpp's decode counters: the timed steps only
         with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of these decodes
             decode_s = _decode_steps(lc, ctx, gen)
+        cpu_at_decode = host_cpu.where()                   # the host CPU (and NUMA node) of the timed decode
         perf = lc.llama_perf_context(ctx)
         indexer_only_s = None
         if attn == "sparse":              # the same steps with the selection computed but dense attention
@@ -309,7 +315,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
-        "variant": variant, "pid": os.getpid(),
+        "variant": variant, "pid": os.getpid(), "host_cpu": cpu_at_decode,
         "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)},
         "file": str(path),
     }
@@ -361,6 +367,8 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
     from ..backend.runtime import import_llama_cpp
 
     fi = validate(Path(path), o)
+    if o.cpus is not None:
+        host_cpu.pin(o.cpus)                  # before any run: variant processes inherit it
     lc = import_llama_cpp()
     rows: list[dict] = []
     runs = [(c, a, None) for c in o.ctx for a in o.attn]
