@@ -103,7 +103,9 @@
 #            --variant,LLAMA_DSA_STREAM_PRIO=0 (--gen,34 / --gen,35)
 # The next round (section 4v "Next"): run `trace` beside every A/B (the bench's ratios move by ±4 % with the host's
 #   speed in each process, the timeline's GPU spans by < 1 %); the decode top-k (≈ 16 µs per 1B layer at 128K) is
-#   the largest DSA cost, the memset node before it ≈ 2 µs per layer with its gaps.
+#   the largest DSA cost, the memset node before it ≈ 2 µs per layer with its gaps. Also one bench sweep pinned to
+#   the GPU's local cores (`nvidia-smi topo -m`, then e.g. bench1b=--ctx,65536:131072,--cpus,0-7,--gen,36) beside an
+#   unpinned one: the rows' host_cpu says on which CPU / NUMA node each process ran.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
