@@ -56,7 +56,8 @@
 #             (a CUPTI injection library, built here with nvcc) records every kernel's GPU start / end and stream
 #             while scripts/profile_decode.py --profile runs, sparse and dense (TRACE_ATTN), on PROF_FILE (default the
 #             synthetic 1B) at each of TRACE_CTX (default 131072); scripts/trace_summary.py: span, busy and idle per
-#             token, per kernel its exposed time and the launch gap before it, one layer's chain      (issue 6)
+#             token, per kernel its charged time and the idle gap before it, a layer's attention block and one layer's
+#             chain                                                                                (issue 6)
 #   hostprof  scripts/profile_decode.py --what prefill at each of $HOSTPROF_CTX (default "16384 65536"), no
 #             profiler: host µs per prefill ubatch (wait / graph / inputs / launch), sparse and dense     (issue 6)
 #   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on

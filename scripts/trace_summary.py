@@ -91,20 +91,6 @@ def load(path: Path) -> tuple[list[tuple[int, int]], list[Rec]]:
     return windows, recs
 
 
-def _union(iv: list[tuple[int, int]]) -> int:
-    tot, cur_s, cur_e = 0, None, None
-    for s, e in sorted(iv):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                tot += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        tot += cur_e - cur_s
-    return tot
-
-
 def attribute(tok: list[Rec]) -> tuple[dict[str, float], dict[str, float]]:
     """Per name: the ns it is charged (each instant goes to the running record that ends first: with programmatic
     dependent launch a kernel starts early and waits for its predecessor, which is what the GPU runs meanwhile) and
@@ -179,8 +165,8 @@ def summarise(label: str, recs: list[Rec]) -> Summary | None:
     rows = [(k, cnt[k] / n, dur[k] / n / 1e3, chg[k] / n / 1e3, gap[k] / n / 1e3) for k in cnt]
     rows.sort(key=lambda x: -(x[3] + x[4]))
     return Summary(label, n, tok_size, len(recs) - sum(len(g) for g in toks), sorted({r.stream for g in toks for r in g}),
-                   sum(spans) / n / 1e3, sum(_union([(r.start, r.end) for r in g]) for g in toks) / n / 1e3,
-                   sum(r.end - r.start for g in toks for r in g) / n / 1e3,
+                   sum(spans) / n / 1e3, sum(chg.values()) / n / 1e3,   # busy: every busy instant is charged once
+                   sum(dur.values()) / n / 1e3,
                    sum(between) / len(between) / 1e3 if between else 0.0, rows, toks)
 
 

@@ -54,8 +54,8 @@ from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
 from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, open_model
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
-from . import host_cpu
 from ..progress import task
+from . import host_cpu
 from .perplexity_llamacpp import dsa_overrides
 
 ATTN_MODES = ("sparse", "dense")

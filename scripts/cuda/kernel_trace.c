@@ -50,33 +50,38 @@ static void CUPTIAPI kt_buffer_requested(uint8_t ** buffer, size_t * size, size_
     *max_records = 0;
 }
 
+// one CSV line for a record inside a window (counted as kept), else counted as dropped; last: the kernel's name or
+// the byte count as text
+static void kt_emit(const char kind, const uint64_t start, const uint64_t end, const uint32_t stream,
+                    const uint32_t corr, const uint64_t node, const int grid, const int block, const char * last) {
+    if (!kt_in_window(start)) {
+        kt_dropped++;
+        return;
+    }
+    kt_kept++;
+    fprintf(kt_out, "%c,%llu,%llu,%u,%u,%llu,%d,%d,%s\n", kind, (unsigned long long) start, (unsigned long long) end,
+            stream, corr, (unsigned long long) node, grid, block, last);
+}
+
 static void CUPTIAPI kt_buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t * buffer, size_t size,
                                          size_t valid) {
     (void) ctx; (void) stream_id; (void) size;
     CUpti_Activity * rec = NULL;
+    char bytes[32];
     pthread_mutex_lock(&kt_lock);
     while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
         if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
             const CUpti_ActivityKernel10 * k = (const CUpti_ActivityKernel10 *) rec;
-            if (!kt_in_window(k->start)) { kt_dropped++; continue; }
-            kt_kept++;
-            fprintf(kt_out, "K,%llu,%llu,%u,%u,%llu,%d,%d,%s\n", (unsigned long long) k->start,
-                    (unsigned long long) k->end, k->streamId, k->correlationId, (unsigned long long) k->graphNodeId,
-                    k->gridX * k->gridY * k->gridZ, k->blockX * k->blockY * k->blockZ, k->name ? k->name : "?");
+            kt_emit('K', k->start, k->end, k->streamId, k->correlationId, k->graphNodeId, k->gridX * k->gridY * k->gridZ,
+                    k->blockX * k->blockY * k->blockZ, k->name ? k->name : "?");
         } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
             const CUpti_ActivityMemset4 * m = (const CUpti_ActivityMemset4 *) rec;
-            if (!kt_in_window(m->start)) { kt_dropped++; continue; }
-            kt_kept++;
-            fprintf(kt_out, "S,%llu,%llu,%u,%u,%llu,0,0,%llu\n", (unsigned long long) m->start,
-                    (unsigned long long) m->end, m->streamId, m->correlationId, (unsigned long long) m->graphNodeId,
-                    (unsigned long long) m->bytes);
+            snprintf(bytes, sizeof(bytes), "%llu", (unsigned long long) m->bytes);
+            kt_emit('S', m->start, m->end, m->streamId, m->correlationId, m->graphNodeId, 0, 0, bytes);
         } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             const CUpti_ActivityMemcpy6 * m = (const CUpti_ActivityMemcpy6 *) rec;
-            if (!kt_in_window(m->start)) { kt_dropped++; continue; }
-            kt_kept++;
-            fprintf(kt_out, "C,%llu,%llu,%u,%u,%llu,%d,0,%llu\n", (unsigned long long) m->start,
-                    (unsigned long long) m->end, m->streamId, m->correlationId, (unsigned long long) m->graphNodeId,
-                    (int) m->copyKind, (unsigned long long) m->bytes);
+            snprintf(bytes, sizeof(bytes), "%llu", (unsigned long long) m->bytes);
+            kt_emit('C', m->start, m->end, m->streamId, m->correlationId, m->graphNodeId, (int) m->copyKind, 0, bytes);
         }
     }
     pthread_mutex_unlock(&kt_lock);
