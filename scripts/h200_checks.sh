@@ -200,7 +200,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     nvcc -shared -Xcompiler -fPIC -o "$WORK/libktrace.so" scripts/cuda/kernel_trace.c -I"$CUPTI_INC" -L"$CUPTI_LIB" -lcupti
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
     synth "$f" llama-3.2-1b --asq 64
-    tag=$(basename "$f" .gguf)
+    tag=$(basename "$f" .gguf)${TRACE_TAG:+-$TRACE_TAG}   # TRACE_TAG: a suffix, e.g. for a run with a switch set
     for c in ${TRACE_CTX:-131072}; do
       LD_LIBRARY_PATH=$CUPTI_LIB:${LD_LIBRARY_PATH:-} CUDA_INJECTION64_PATH=$WORK/libktrace.so \
         KTRACE_OUT=$WORK/ktrace-$tag-$c.csv python3 scripts/profile_decode.py "$f" --ctx $c --gen ${TRACE_GEN:-8} \

@@ -131,6 +131,51 @@ def test_decode_masks_from_positions_are_bit_exact(tiny_dsa, monkeypatch, flash_
     assert np.abs(device[0] - ref).max() / (ref.max() - ref.min()) < 1e-3   # the sparse model, decoded
 
 
+def _decode_with_hole(path, ids, extra, hole, verbose=False):
+    """Prefill PREFILL tokens, decode ids one by one, drop the cells of positions [hole) (seq_rm in the middle: the
+    cells empty, the later ones kept; hole None: nothing dropped), decode `extra` one by one after them. Logits of ids
+    and of extra."""
+    from llama_cpp import Llama
+    llm = Llama(model_path=str(path), n_ctx=128, n_batch=128, n_ubatch=128, logits_all=True, verbose=verbose,
+                type_k=0, type_v=0, flash_attn=False, n_gpu_layers=verify_module().N_GPU_LAYERS)  # as llama_logits
+    llm.eval(ids[:PREFILL])
+    for t in ids[PREFILL:]:
+        llm.eval([t])
+    first = np.array(llm.scores[: len(ids)], dtype=np.float64)
+    if hole is not None:
+        assert llm._ctx.kv_cache_seq_rm(0, hole[0], hole[1])
+    for t in extra:
+        llm.eval([t])
+    second = np.array(llm.scores[len(ids): len(ids) + len(extra)], dtype=np.float64)
+    llm.close()
+    return first, second
+
+
+@requires_backend
+def test_resident_cell_positions_are_bit_exact_and_written_only_after_other_changes(tiny_dsa, monkeypatch, capfd):
+    """LLAMA_DSA_POS_RESIDENT (on by default): the decode masks read the indexer cache's resident copy of the cell
+    positions, to which each decode graph writes its own tokens' positions; the host writes all positions only when
+    the cells changed otherwise (here: the prefill, and cells dropped from the middle, whose old positions would still
+    be visible in a stale copy). Logits bit-identical to the positions as a per-token input (=0) before and after the
+    drop, the drop changes them (so a stale copy would show), and exactly two full writes (a write per token would
+    mean the copy is never current)."""
+    _, dsa = tiny_dsa
+    rng = np.random.default_rng(8)
+    ids = [int(t) for t in rng.integers(3, 320, 56)]
+    extra = [int(t) for t in rng.integers(3, 320, N - 56)]
+    resident = _decode_with_hole(dsa, ids, extra, (30, 40), verbose=True)
+    log = capfd.readouterr().err
+    assert "resident cell positions (4 bytes per cell)" in log
+    assert log.count("resident cell positions: all") == 2
+    no_hole = _decode_with_hole(dsa, ids, extra, None)
+    monkeypatch.setenv("LLAMA_DSA_POS_RESIDENT", "0")
+    per_token = _decode_with_hole(dsa, ids, extra, (30, 40))
+    for r, p in zip(resident, per_token):
+        np.testing.assert_array_equal(r, p)
+    np.testing.assert_array_equal(resident[0], no_hole[0])
+    assert np.abs(resident[1] - no_hole[1]).max() / (no_hole[1].max() - no_hole[1].min()) > 1e-3
+
+
 @requires_backend
 def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa, monkeypatch):
     """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share): with the same prefill + single-token decode
