@@ -101,11 +101,22 @@
 #            bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=0,--variant,LLAMA_DSA_TOPK_CLEAN=1+LLAMA_DSA_LID_KFOLD=1,--gen,34"
 #   4, 5 (warm): the 8B timeline at 64K with TRACE_ATTN=sparse, then bench8b / bench1b at 64K:128K with
 #            --variant,LLAMA_DSA_STREAM_PRIO=0 (--gen,34 / --gen,35)
-# The next round (section 4v "Next"): run `trace` beside every A/B (the bench's ratios move by ±4 % with the host's
-#   speed in each process, the timeline's GPU spans by < 1 %); the decode top-k (≈ 16 µs per 1B layer at 128K) is
-#   the largest DSA cost, the memset node before it ≈ 2 µs per layer with its gaps. Also one bench sweep pinned to
-#   the GPU's local cores (`nvidia-smi topo -m`, then e.g. bench1b=--ctx,65536:131072,--cpus,0-7,--gen,36) beside an
-#   unpinned one: the rows' host_cpu says on which CPU / NUMA node each process ran.
+# RESULTS section 4w's round (resident cell positions LLAMA_DSA_POS_RESIDENT and asynchronous input copies
+# LLAMA_DSA_ASYNC_INPUTS; OLD = LLAMA_DSA_POS_RESIDENT=0+LLAMA_DSA_ASYNC_INPUTS=0; trace's TRACE_TAG names a run's files):
+#   1 (cold): STEPS="bg:retrofit exp:TMAX=540 build exp:TMAX=300 synthbg synth8bg waitbg wait
+#            bench1b=--ctx,131072:65536,--variant,$OLD,--gen,34"   (beside it: nvidia-smi topo -m; lscpu > topo.txt)
+#   2 (warm): STEPS="exp:DC_PREFILL=1100 decodecheck bench8b=--ctx,65536:131072,--variant,$OLD,--gen,34
+#            exp:TRACE_ATTN=sparse exp:TRACE_CTX=65536 trace exp:TRACE_TAG=clean exp:LLAMA_DSA_TOPK_CLEAN=1 trace"
+#   3 (warm): STEPS="bench1b=--ctx,65536:131072:16384,--gen,35 bench1b=--ctx,65536:131072:16384,--cpus,4,--gen,36
+#            bench8b=--ctx,65536:16384,--cpus,4,--gen,36"
+#   4 (cold): STEPS="exp:TMAX=520 build exp:TMAX=300 synthbg synth8bg wait exp:TRACE_ATTN=sparse exp:TRACE_CTX=65536
+#            exp:TRACE_TAG=clean2 exp:LLAMA_DSA_TOPK_CLEAN=2 trace exp:LLAMA_DSA_TOPK_CLEAN=0
+#            bench1b=--ctx,65536:131072,--variant,LLAMA_DSA_TOPK_CLEAN=2,--gen,37"
+# The next round (section 4w "Next"): run `trace` beside every A/B (the bench's ratios move by ±4 % with the host's
+#   speed in each process, the timeline's GPU spans by < 1 %); the decode top-k (13.8 µs per 1B layer at 64K) is
+#   the largest DSA cost, the memset node before it 2.6 µs with its gaps; the self-cleaning top-k with a plain launch
+#   (LLAMA_DSA_TOPK_CLEAN=2) saves those but its select is 2.7 µs slower. The device machine has one NUMA node, so
+#   --cpus pins within it only. Keep the calls back to back: the machine is released 30 s after a call.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
