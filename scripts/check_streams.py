@@ -13,7 +13,10 @@ a fork on but no valid region fails (a PASS would say nothing).
 A fourth run, with the DSA fork, folds the indexer key store into the decode indexer kernel (opt-in
 LLAMA_DSA_LID_KFOLD=1; the others store the keys with their own kernel before the indexer): the same arithmetic,
 so its logits must be bit-identical too; it must report the fold (LLAMA_DSA_LID_KFOLD_LOG=1), and the others must
-not, else the comparison says nothing about it.
+not, else the comparison says nothing about it. A fifth, with the DSA fork, runs the indexer key's LayerNorm + RoPE in
+its early form (opt-in LLAMA_DSA_NORM_ROPE_EARLY=1: weights, position and cell index read before the wait for the
+projection, the same operations in the same order): bit-identical too, and it must report that form
+(LLAMA_DSA_NORM_ROPE_EARLY_LOG=1).
 
     python scripts/check_streams.py synth-1b.gguf --prefill 2600 --decode 24 --n-gpu-layers 999 [--kv f16|asq]
 
@@ -79,27 +82,31 @@ def main() -> int:
         np.save(a.child, decode_logits(a))
         return 0
 
-    configs = {   # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT, LLAMA_DSA_LID_KFOLD)
-        "no fork": ("0", "0", "0"),
-        "DSA fork (default)": ("1", "0", "0"),
-        "DSA + upstream fork": ("1", "1", "0"),
-        "DSA fork, key store folded": ("1", "0", "1"),
+    configs = {   # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT, LLAMA_DSA_LID_KFOLD, LLAMA_DSA_NORM_ROPE_EARLY)
+        "no fork": ("0", "0", "0", "0"),
+        "DSA fork (default)": ("1", "0", "0", "0"),
+        "DSA + upstream fork": ("1", "1", "0", "0"),
+        "DSA fork, key store folded": ("1", "0", "1", "0"),
+        "DSA fork, key norm early": ("1", "0", "0", "1"),
     }
     runs = {}
     with tempfile.TemporaryDirectory(prefix="dsa-streams-") as td:
-        for i, (name, (dsa, opt, kfold)) in enumerate(configs.items()):
+        for i, (name, (dsa, opt, kfold, early)) in enumerate(configs.items()):
             out = Path(td) / f"run{i}.npy"
             env = dict(os.environ, LLAMA_DSA_STREAMS=dsa, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS_LOG="1",
-                       LLAMA_DSA_LID_KFOLD=kfold, LLAMA_DSA_LID_KFOLD_LOG="1")
+                       LLAMA_DSA_LID_KFOLD=kfold, LLAMA_DSA_LID_KFOLD_LOG="1", LLAMA_DSA_NORM_ROPE_EARLY=early,
+                       LLAMA_DSA_NORM_ROPE_EARLY_LOG="1")
             cmd = [sys.executable, __file__, a.gguf, "--prefill", str(a.prefill), "--decode", str(a.decode),
                    "--n-gpu-layers", str(a.n_gpu_layers), "--index-keys", a.index_keys, "--seed", str(a.seed),
                    "--kv", a.kv, "--child", str(out)]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             regions = [ln.strip() for ln in p.stderr.splitlines() if "concurrent regions" in ln]
             folded = any("key store folded" in ln for ln in p.stderr.splitlines())
-            print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_LID_KFOLD={kfold}): "
-                  f"{regions[0] if regions else 'no concurrent regions reported'}; "
-                  f"key store {'folded into the indexer' if folded else 'its own kernel'}")
+            early_ran = any("in its early form" in ln for ln in p.stderr.splitlines())
+            print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_LID_KFOLD={kfold} "
+                  f"LLAMA_DSA_NORM_ROPE_EARLY={early}): {regions[0] if regions else 'no concurrent regions reported'}; "
+                  f"key store {'folded into the indexer' if folded else 'its own kernel'}; "
+                  f"key norm {'early form' if early_ran else 'plain form'}")
             if p.returncode != 0:
                 print(f"[FAIL] the run '{name}' exited {p.returncode}:\n{p.stderr[-2000:]}")
                 return 1
@@ -110,6 +117,10 @@ def main() -> int:
             if (kfold == "1") != folded:
                 print(f"[FAIL] the run '{name}' {'did not fold' if kfold == '1' else 'folded'} the key store: "
                       "the comparison says nothing about the fold")
+                return 1
+            if (early == "1") != early_ran:
+                print(f"[FAIL] the run '{name}' {'did not run' if early == '1' else 'ran'} the key norm's early form: "
+                      "the comparison says nothing about it")
                 return 1
             runs[name] = np.load(out)
     ok = True

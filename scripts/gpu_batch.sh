@@ -117,6 +117,9 @@
 #   the largest DSA cost, the memset node before it 2.6 µs with its gaps; the self-cleaning top-k with a plain launch
 #   (LLAMA_DSA_TOPK_CLEAN=2) saves those but its select is 2.7 µs slower. The device machine has one NUMA node, so
 #   --cpus pins within it only. Keep the calls back to back: the machine is released 30 s after a call.
+#   Not yet run: the key norm's early form, e.g. STEPS="exp:TMAX=540 build exp:TMAX=300 synthbg synth8bg wait streams
+#   bench8b=--ctx,65536:131072,--variant,LLAMA_DSA_NORM_ROPE_EARLY=1,--gen,34" (streams checks it bit-identical), then
+#   exp:LLAMA_DSA_NORM_ROPE_EARLY=1 exp:TRACE_TAG=early exp:PROF_FILE=/tmp/w/synth-8b.gguf exp:TRACE_CTX=65536 trace.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
