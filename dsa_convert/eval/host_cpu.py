@@ -2,9 +2,10 @@
 
 On a GPU machine the host work of a decoded token (graph launch, input copies, the inputs' fill) is a tenth of a
 small model's token, and it took two levels from process to process with the same code (docs/RESULTS.md §4v: the
-launch part 104-125 or 160-162 µs per 1B token), e.g. when a process lands on a socket far from the GPU. So each
-bench row records the CPU and NUMA node its process last ran on, and --cpus pins the sweep (variant processes
-inherit it) to a CPU list, e.g. the GPU's local cores from `nvidia-smi topo -m`.
+launch part 104-125 or 160-162 µs per 1B token). One guess was a process landing on a socket far from the GPU; the
+device machine of §4w turned out to have one NUMA node, and the two levels stayed. So each bench row records the CPU
+and NUMA node its process last ran on, and --cpus pins the sweep (variant processes inherit it) to a CPU list, e.g.
+the GPU's local cores from `nvidia-smi topo -m` on a machine with several.
 """
 from __future__ import annotations
 
