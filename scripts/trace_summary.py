@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarise a kernel timeline written by scripts/cuda/kernel_trace.c (a CUPTI injection library).
 
-    python3 scripts/trace_summary.py trace.csv [--names sparse,dense] [--layer-rows 60]
+    python3 scripts/trace_summary.py trace.csv [--names sparse,dense] [--layer-rows 60] [--chain A,B] [--follow A,B]
 
 Per window (one `cuProfilerStart/Stop` bracket of scripts/profile_decode.py --profile: one per --attn mode) the
 kernels are grouped into graph launches (the correlation id all kernels of one launch share); the launches of
@@ -19,6 +19,7 @@ import argparse
 import csv
 import re
 import shutil
+import statistics
 import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
@@ -124,8 +125,8 @@ class Summary:
     tokens: list[list[Rec]]  # each token's records in start order
 
     @property
-    def first(self) -> list[Rec]:
-        return self.tokens[self.n_tokens // 2]   # the middle token
+    def middle(self) -> list[Rec]:
+        return self.tokens[self.n_tokens // 2]
 
 
 def summarise(label: str, recs: list[Rec]) -> Summary | None:
@@ -170,23 +171,42 @@ def summarise(label: str, recs: list[Rec]) -> Summary | None:
                    sum(between) / len(between) / 1e3 if between else 0.0, rows, toks)
 
 
-def chain(s: Summary, a: str, b: str) -> tuple[float, float] | None:
-    """Per token, from the end of each kernel whose name contains `a` to the end of the next kernel whose name contains
-    `b` (e.g. a layer's attention norm to its attention output: `rms_norm`, `combine`): (occurrences per token, mean
-    µs per occurrence), None where b never follows a."""
-    spans = []
+def pairs(s: Summary, a: str, b: str) -> list[tuple[int, Rec]]:
+    """In every token, each kernel whose name contains `a` with the next kernel (in start order) whose name contains
+    `b`: (the a kernel's end, the b kernel). A b kernel launched early (PDL) may start before that end."""
+    out = []
     for tok in s.tokens:
         last_a = None
         for r in tok:                       # start order
             if b in r.name and last_a is not None:
-                spans.append(r.end - last_a)
+                out.append((last_a, r))
                 last_a = None
             if a in r.name:
                 last_a = r.end
+    return out
+
+
+def chain(s: Summary, a: str, b: str) -> tuple[float, float] | None:
+    """From the end of each kernel named *a* to the end of the next one named *b* (e.g. a layer's attention norm to its
+    attention output: `rms_norm`, `combine`): (occurrences per token, mean µs per occurrence), None where b never
+    follows a."""
+    spans = [r.end - a_end for a_end, r in pairs(s, a, b)]
     return (len(spans) / s.n_tokens, sum(spans) / len(spans) / 1e3) if spans else None
 
 
-def report(s: Summary | None, label: str, layer_rows: int, chains: list[tuple[str, str]] = ()) -> None:
+def follow(s: Summary, a: str, b: str) -> tuple[float, float, float, float] | None:
+    """The kernel named *b* after each one named *a* (e.g. the decode indexer and its top-k: `dsa_lid`, `topk`), medians
+    in µs: (a's end to b's start, negative where b started early; b's duration; a's end to b's end; occurrences per
+    token), None where b never follows a."""
+    p = pairs(s, a, b)
+    if not p:
+        return None
+    return (statistics.median(r.start - a_end for a_end, r in p) / 1e3, statistics.median(r.end - r.start for _, r in p) / 1e3,
+            statistics.median(r.end - a_end for a_end, r in p) / 1e3, len(p) / s.n_tokens)
+
+
+def report(s: Summary | None, label: str, layer_rows: int, chains: list[tuple[str, str]] = (),
+           follows: list[tuple[str, str]] = ()) -> None:
     if s is None:
         print(f"== {label}: no graph launch of 8 or more kernels")
         return
@@ -202,9 +222,13 @@ def report(s: Summary | None, label: str, layer_rows: int, chains: list[tuple[st
     for a, b in chains:
         c = chain(s, a, b)
         print(f"   chain {a} -> {b}: " + (f"{c[1]:.2f} µs, {c[0]:.1f} times per token" if c else "never"))
-    t0 = s.first[0].start
+    for a, b in follows:
+        f = follow(s, a, b)
+        print(f"   follow {a} -> {b}: " + (f"median {f[0]:.2f} µs from {a}'s end to {b}'s start, {b} {f[1]:.2f} µs, "
+                                           f"{f[2]:.2f} µs end to end, {f[3]:.1f} times per token" if f else "never"))
+    t0 = s.middle[0].start
     print(f"   -- the middle token: first {layer_rows} records (offset µs, duration µs, stream, grid x block, name)")
-    for r in s.first[:layer_rows]:
+    for r in s.middle[:layer_rows]:
         print(f"   {(r.start - t0)/1e3:9.2f} {(r.end - r.start)/1e3:8.2f}  s{r.stream:<4d} {r.grid:>6d}x{r.block:<5d} {r.name}")
 
 
@@ -216,20 +240,24 @@ def main() -> None:
     ap.add_argument("--chain", action="append", default=[], metavar="A,B",
                     help="from the end of a kernel named *A* to the end of the next one named *B* (repeatable), "
                          "e.g. rms_norm,combine: a layer's attention norm to its attention output")
+    ap.add_argument("--follow", action="append", default=[], metavar="A,B",
+                    help="medians for the kernel named *B* after each one named *A* (repeatable): the gap from A's "
+                         "end to B's start, B's duration, A's end to B's end; e.g. dsa_lid,topk")
     a = ap.parse_args()
     windows, recs = load(a.trace)
     labels = [s for s in a.names.split(",") if s]
-    chains = []
-    for c in a.chain:
-        if c.count(",") != 1 or "" in c.split(","):
-            raise SystemExit(f"error: --chain {c!r}: give two name parts, A,B")
-        chains.append(tuple(c.split(",")))
+    chains, follows = [], []
+    for opt, given, into in (("--chain", a.chain, chains), ("--follow", a.follow, follows)):
+        for c in given:
+            if c.count(",") != 1 or "" in c.split(","):
+                raise SystemExit(f"error: {opt} {c!r}: give two name parts, A,B")
+            into.append(tuple(c.split(",")))
     if not windows:
         raise SystemExit(f"error: {a.trace}: no profiler window recorded (run the program with --profile)")
     for i, (ws, we) in enumerate(windows):
         inside = [r for r in recs if r.start >= ws and (we == 0 or r.start <= we)]
         label = labels[i] if i < len(labels) else f"window {i}"
-        report(summarise(label, inside), label, a.layer_rows, chains)
+        report(summarise(label, inside), label, a.layer_rows, chains, follows)
 
 
 if __name__ == "__main__":

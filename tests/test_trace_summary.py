@@ -72,19 +72,27 @@ def test_tokens_spans_and_charged_time_add_up(trace_csv):
     # a layer's attention block: from the end of its norm to the end of the attention's last kernel
     assert ts.chain(s, "norm", "combine") == pytest.approx((1.0, 9.0))
     assert ts.chain(s, "combine", "norm") is None                        # no norm after a combine in a token
+    # the kernel after another: gap from the first's end to its start, its duration, end to end, per token
+    assert ts.follow(s, "indexer", "topk") == pytest.approx((0.2, 1.8, 2.0, 1.0))   # the memset node in between
+    assert ts.follow(s, "proj", "indexer") == pytest.approx((-2.0, 4.0, 2.0, 1.0))  # launched early: starts before
+    assert ts.follow(s, "ffn", "norm") is None
 
 
 def test_cli_prints_a_table_and_rejects_a_trace_without_window(trace_csv, tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), "--names",
-                          "sparse", "--chain", "norm,combine"], capture_output=True, text=True, check=True).stdout
+                          "sparse", "--chain", "norm,combine", "--follow", "indexer,topk"],
+                         capture_output=True, text=True, check=True).stdout
     assert "== sparse: 3 tokens of 8 kernels each" in out
     assert "chain norm -> combine: 9.00 µs, 1.0 times per token" in out
+    assert ("follow indexer -> topk: median 0.20 µs from indexer's end to topk's start, topk 1.80 µs, 2.00 µs end to "
+            "end, 1.0 times per token") in out
     assert "outside_the_window" not in out
     bare = tmp_path / "bare.csv"
     bare.write_text("K,1,2,7,1,1,1,1,k\n")
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(bare)],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "no profiler window" in res.stderr and "Traceback" not in res.stderr
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), "--chain", "norm"],
-                         capture_output=True, text=True)
-    assert res.returncode != 0 and "give two name parts" in res.stderr and "Traceback" not in res.stderr
+    for opt in ("--chain", "--follow"):
+        res = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), opt, "norm"],
+                             capture_output=True, text=True)
+        assert res.returncode != 0 and f"{opt} 'norm': give two name parts" in res.stderr and "Traceback" not in res.stderr
