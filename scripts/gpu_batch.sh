@@ -112,6 +112,12 @@
 #   4 (cold): STEPS="exp:TMAX=520 build exp:TMAX=300 synthbg synth8bg wait exp:TRACE_ATTN=sparse exp:TRACE_CTX=65536
 #            exp:TRACE_TAG=clean2 exp:LLAMA_DSA_TOPK_CLEAN=2 trace exp:LLAMA_DSA_TOPK_CLEAN=0
 #            bench1b=--ctx,65536:131072,--variant,LLAMA_DSA_TOPK_CLEAN=2,--gen,37"
+# RESULTS section 4x's round (the in-kernel-cleaning decode top-k LLAMA_DSA_TOPK_CLEAN=3 / =4; carry .devshare3):
+#   1 (cold): (bash scripts/cuda/run_cuda_check.sh topk $OUT/topk > $OUT/topk.log 2>&1 &); STEPS="bg:retrofit exp:TMAX=540
+#            build exp:TMAX=300 synthbg synth8bg waitbg wait exp:DC_PREFILL=1100 exp:LLAMA_DSA_TOPK_CLEAN=3 decodecheck
+#            exp:LLAMA_DSA_TOPK_CLEAN=0 bench1b=--ctx,65536:131072,--variant,LLAMA_DSA_TOPK_CLEAN=3,--variant,LLAMA_DSA_TOPK_CLEAN=4,--gen,35"
+#   2-5 (warm): bench8b / bench1b with --variant,LLAMA_DSA_TOPK_CLEAN=3; `trace` (TRACE_TAG=base13 / clean3 / clean4) of
+#            the 1B at 64K and 128K and of the 8B at 64K (PROF_FILE=/tmp/w/synth-8b.gguf); each trace step ~25 s warm
 # The next round (section 4w "Next"): run `trace` beside every A/B (the bench's ratios move by ±4 % with the host's
 #   speed in each process, the timeline's GPU spans by < 1 %); the decode top-k (13.8 µs per 1B layer at 64K) is
 #   the largest DSA cost, the memset node before it 2.6 µs with its gaps; the self-cleaning top-k with a plain launch
