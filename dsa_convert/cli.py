@@ -99,6 +99,8 @@ def convert(
     top_k: Optional[int] = typer.Option(None, help="total keys per query (sinks + local + picks)"),
     index_heads: Optional[int] = typer.Option(None, help="indexer heads H"),
     index_dim: Optional[int] = typer.Option(None, help="indexer head dim D"),
+    index_share: Optional[int] = typer.Option(None, help="an indexer every G layers; the layers between reuse its "
+                                              "top-k (attention.indexer.types; default 1: every layer)"),
     sink: Optional[int] = typer.Option(None, help="always-attended first tokens"),
     local: Optional[int] = typer.Option(None, help="local window; omitted = chosen by calibration"),
     select: Optional[str] = typer.Option(None, help="token | block"),
@@ -115,7 +117,7 @@ def convert(
     from .convert import ConvertOptions, convert as run
 
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
-                    sink=sink, local=local, select=select, block_size=block_size, residual_bits=residual_bits,
+                    index_share=index_share, sink=sink, local=local, select=select, block_size=block_size, residual_bits=residual_bits,
                     calib=calib, steps=steps)
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:

@@ -148,6 +148,11 @@ for s in ${STEPS:-}; do
               > "$R/synth1b.out" 2>&1 &) ;;
   synth8bg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-8b.gguf llama-3.1-8b" \
               > "$R/synth8b.out" 2>&1 &) ;;
+  # the same shapes with an indexer every SHARE layers (default 4), the others reusing its top-k (FORMAT.md §4a)
+  synthsharebg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-1b-share${SHARE:-4}.gguf llama-3.2-1b \
+              '--asq 64 --index-share ${SHARE:-4}'" > "$R/synth1b-share.out" 2>&1 &) ;;
+  synth8sharebg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-8b-share${SHARE:-4}.gguf llama-3.1-8b \
+              '--index-share ${SHARE:-4}'" > "$R/synth8b-share.out" 2>&1 &) ;;
   wait) while pgrep -f make_synth_gguf > /dev/null; do sleep 2; done ;;
   bg:*) timeout "$(rem 300)" $H "${s#bg:}" > "$R/${s#bg:}.out" 2>&1 & ;;
   waitbg) wait ;;
@@ -156,6 +161,7 @@ for s in ${STEPS:-}; do
   speed8b=*) SPEED_8B=only SPEED_CTX=${s#speed8b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
   bench1b=*|bench8b=*)
     f=$W/synth-1b-asq.gguf; [ "${s%%=*}" = bench8b ] && f=$W/synth-8b.gguf
+    [ -n "${BENCH_SHARE:-}" ] && f=${f%.gguf}; [ -n "${BENCH_SHARE:-}" ] && f=${f%-asq}-share$BENCH_SHARE.gguf
     args=$(echo "${s#*=}" | tr , ' ' | tr : ,); tag=$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
     timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" $args --gen 32 --flash-attn --n-gpu-layers 999 --force \
       --jsonl "$W/bench-$tag.jsonl" > "$R/bench-$tag.out" 2>&1; echo "rc $?"; cut -c1-500 "$W/bench-$tag.jsonl" ;;

@@ -104,9 +104,12 @@ for step in $STEPS; do
     fi
     dsa backend info --json | tee "$WORK/backend-info.json" ;;
   retrofit)
-    [ -s "$WORK/retrofit.json" ] || dsa convert "$MODEL" "$WORK/ref-dsa.gguf" --cluster-num 64 --top-k 512 --calib "$CALIB" \
-      --outtype f16 --device cuda --json > "$WORK/retrofit.json"
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r.get(k) for k in ('seconds','peak_rss_mib','peak_gpu_mib')})" "$WORK/retrofit.json" ;;
+    # RETRO_TAG / RETRO_ARGS: another retrofit beside the default one, e.g. RETRO_TAG=-share2 RETRO_ARGS="--index-share 2"
+    # writes ref-dsa-share2.gguf and retrofit-share2.json
+    t=${RETRO_TAG:-}
+    [ -s "$WORK/retrofit$t.json" ] || dsa convert "$MODEL" "$WORK/ref-dsa$t.gguf" --cluster-num 64 --top-k 512 --calib "$CALIB" \
+      --outtype f16 --device cuda ${RETRO_ARGS:-} --json > "$WORK/retrofit$t.json"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r.get(k) for k in ('seconds','peak_rss_mib','peak_gpu_mib')})" "$WORK/retrofit$t.json" ;;
   runtime)
     [ -f "$WORK/ref-f16.gguf" ] || dsa convert "$MODEL" "$WORK/ref-f16.gguf" --outtype f16 --json > /dev/null
     [ -s "$WORK/runtime.md" ] || python3 scripts/bench_runtime.py --stock "$WORK/ref-f16.gguf" --dsa "$WORK/ref-dsa.gguf" \
@@ -130,9 +133,10 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
       --n-gpu-layers 999 --jsonl "${BENCH_JSONL:-$WORK/bench.jsonl}" --json > "$WORK/bench.json" || true
     cat "${BENCH_JSONL:-$WORK/bench.jsonl}" ;;
   asq)
-    [ -s "$WORK/kv.md" ] || python3 scripts/bench_kv.py --dsa "${DSA_FILE:-$WORK/ref-dsa.gguf}" --tokenizer "${TOK:-$MODEL}" \
-      --ctx 2048 --chunks 4 --n-gpu-layers 99 --ref-device cuda ${ASQ_ARGS:-} --json "$WORK/kv.json" > "$WORK/kv.md"
-    cat "$WORK/kv.md" ;;
+    # KV_TAG: another result file (kv$KV_TAG.md), e.g. for a second DSA_FILE in the same session
+    [ -s "$WORK/kv${KV_TAG:-}.md" ] || python3 scripts/bench_kv.py --dsa "${DSA_FILE:-$WORK/ref-dsa.gguf}" --tokenizer "${TOK:-$MODEL}" \
+      --ctx 2048 --chunks 4 --n-gpu-layers 99 --ref-device cuda ${ASQ_ARGS:-} --json "$WORK/kv${KV_TAG:-}.json" > "$WORK/kv${KV_TAG:-}.md"
+    cat "$WORK/kv${KV_TAG:-}.md" ;;
   asqspeed)
     synth "$WORK/synth-1b-asq.gguf" llama-3.2-1b --asq 64
     # asq also without the decode path's in-place attention op over the ASQ cache (LLAMA_DSA_FUSED_ASQ=0: decode

@@ -73,6 +73,7 @@ class SynthOptions:
     local: int = 64
     outtype: str = "f16"
     asq: int = 0                      # C > 0: random ASQ prototypes (C per layer, KV head, K/V), b 4, pre-RoPE keys
+    index_share: int = 1              # G > 1: an indexer every G layers, the others reuse its top-k (FORMAT.md §4a)
     seed: int = 0
     force: bool = False
     quiet: bool = False
@@ -129,7 +130,8 @@ def plan(spec: ModelSpec, o: SynthOptions):
         mat(p + "ffn_gate.weight", spec.n_ff, d)
         mat(p + "ffn_up.weight", spec.n_ff, d)
         mat(p + "ffn_down.weight", d, spec.n_ff)
-        for suffix, a in make_indexer_tensors(rng, d, o.index_heads, o.index_dim, np.float16).items():
+        for suffix, a in (make_indexer_tensors(rng, d, o.index_heads, o.index_dim, np.float16).items()
+                          if il % o.index_share == 0 else ()):
             qt = QT.F16 if a.dtype == np.float16 else QT.F32
             out.append(PlannedTensor(p + suffix, a.shape, qt, (lambda a=a: a)))
         if o.asq:
@@ -155,6 +157,8 @@ def validate(o: SynthOptions) -> ModelSpec:
         raise BadInputError("--index-heads and --index-dim must be > 0")
     if o.rope_dim % 2 or not 0 <= o.rope_dim <= o.index_dim:
         raise BadInputError(f"--rope-dim must be even and <= --index-dim (got {o.rope_dim})")
+    if o.index_share < 1:
+        raise BadInputError(f"--index-share must be >= 1 (got {o.index_share})")
     if not 0 <= o.asq <= 256:
         raise BadInputError(f"--asq must be between 0 and 256 prototypes (got {o.asq})")
     if o.top_k <= 0 or o.sink < 0 or o.local < 1 or o.sink + o.local > o.top_k:
@@ -166,7 +170,7 @@ def validate(o: SynthOptions) -> ModelSpec:
 def _write_f16(path: Path, o: SynthOptions, spec: ModelSpec) -> int:
     from dsa_convert.dsa.config import DsaConfig
     from dsa_convert.dsa.retrofit import dsa_kv
-    from dsa_convert.formats.gguf_write import add_model_keys, open_writer, stream_tensors
+    from dsa_convert.formats.gguf_write import ExtraKV, add_extra_kv, add_model_keys, open_writer, stream_tensors
     from dsa_convert.formats.tokenizer import write_vocab
     from dsa_convert.progress import task
 
@@ -174,9 +178,9 @@ def _write_f16(path: Path, o: SynthOptions, spec: ModelSpec) -> int:
     add_model_keys(w, spec, gguf.LlamaFileType.MOSTLY_F16)
     write_vocab(w, synth_vocab(spec.vocab_size))
     cfg = DsaConfig(top_k=o.top_k, sink=o.sink, local=o.local, index_heads=o.index_heads, index_dim=o.index_dim,
-                    rope_dim=o.rope_dim, cluster_num=o.asq or None, residual_bits=4)
-    for k, (v, vt) in dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", "pre_rope" if o.asq else None).items():
-        w.add_key_value(k, v, vt)
+                    rope_dim=o.rope_dim, cluster_num=o.asq or None, residual_bits=4, index_share=o.index_share)
+    add_extra_kv(w, ExtraKV(dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", "pre_rope" if o.asq else None,
+                                   cfg.indexer_types(spec.n_layer))))
     w.add_string("dsa.synthetic", f"{o.shape} seed={o.seed} (random weights, for speed only)")
     tensors = plan(spec, o)
     with task(f"synth {o.shape}", len(tensors), quiet=o.quiet) as bar:
@@ -200,14 +204,14 @@ def make(o: SynthOptions) -> dict:
             src = tmp.parent / (tmp.name + ".f16.gguf")
             try:
                 n = _write_f16(src, o, spec)
-                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16 for il in range(spec.n_layer)
+                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16 for il in range(0, spec.n_layer, o.index_share)
                         for t in ("attn_q_b", "attn_k", "proj")}
                 _run_llama_quantize(src, tmp, FORMATS["q4_k_m"], keep, None, None)
             finally:
                 src.unlink(missing_ok=True)
     return {"output": str(o.out), "shape": o.shape, "outtype": o.outtype, "tensors": n,
             "bytes": Path(o.out).stat().st_size, "top_k": o.top_k, "index_heads": o.index_heads,
-            "index_dim": o.index_dim, "seconds": round(time.perf_counter() - t0, 2)}
+            "index_dim": o.index_dim, "index_share": o.index_share, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local", type=int, default=None, help="L: local window (default min(64, K - S))")
     ap.add_argument("--outtype", default="f16", help="f16 | q4_k_m")
     ap.add_argument("--asq", type=int, default=0, help="C > 0: add random ASQ KV prototypes (b 4, pre-RoPE keys)")
+    ap.add_argument("--index-share", type=int, default=1,
+                    help="G: an indexer every G layers, the layers between reuse its top-k (default 1: every layer)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="overwrite OUTPUT")
     ap.add_argument("--quiet", action="store_true", help="no progress output")
@@ -229,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     rope_dim = a.rope_dim if a.rope_dim is not None else min(32, a.index_dim - a.index_dim % 2)
     local = a.local if a.local is not None else max(1, min(64, a.top_k - a.sink))
     o = SynthOptions(a.output, a.shape, a.top_k, a.index_heads, a.index_dim, rope_dim, a.sink, local,
-                     a.outtype.lower(), a.asq, a.seed, a.force, a.quiet)
+                     a.outtype.lower(), a.asq, a.index_share, a.seed, a.force, a.quiet)
     try:
         r = make(o)
     except DsaError as e:

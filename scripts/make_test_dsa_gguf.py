@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=16, help="B (written for token selection too)")
     ap.add_argument("--norm-eps", type=float, default=1e-6, help="eps of the indexer key LayerNorm")
     ap.add_argument("--layers", default="all", help="layers with an indexer: 'all' or e.g. '0,2-4'")
+    ap.add_argument("--index-share", type=int, default=1,
+                    help="G > 1: indexers on layers 0, G, 2G, ... only; the others reuse the top-k of the last one "
+                         "before them ({arch}.attention.indexer.types, FORMAT.md section 4a; needs --layers all)")
     ap.add_argument("--dtype", choices=("f32", "f16"), default="f32", help="dtype of the indexer matrices")
     ap.add_argument("--asq", type=int, default=0, help="C > 0: random ASQ KV prototypes on every layer (FORMAT.md §6)")
     ap.add_argument("--asq-bits", type=int, choices=(4, 8), default=4, help="ASQ residual bits")
@@ -118,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     n_embd = int(_field_value(reader.fields[f"{arch}.embedding_length"]))
     n_layer = int(_field_value(reader.fields[f"{arch}.block_count"]))
     layers = parse_layers(args.layers, n_layer)
+    if args.index_share < 1:
+        ap.error("--index-share must be >= 1")
+    if args.index_share > 1:
+        if args.layers != "all":
+            ap.error("--index-share needs --layers all")
+        layers = list(range(0, n_layer, args.index_share))
 
     writer = gguf.GGUFWriter(args.output, arch)
 
@@ -142,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     writer.add_key_value(f"{arch}.dsa.indexer.rope_dim", args.rope_dim, u32)
     writer.add_key_value(f"{arch}.dsa.indexer.norm_eps", float(args.norm_eps), gguf.GGUFValueType.FLOAT32)
     writer.add_key_value(f"{arch}.dsa.split_source", "user", gguf.GGUFValueType.STRING)
+    if args.index_share > 1:
+        writer.add_array(f"{arch}.attention.indexer.types", [il % args.index_share == 0 for il in range(n_layer)])
     if args.asq:
         writer.add_key_value(f"{arch}.dsa.asq.cluster_num", args.asq, u32)
         writer.add_key_value(f"{arch}.dsa.asq.residual_bits", args.asq_bits, u32)

@@ -47,42 +47,21 @@ sys.path.insert(0, str(REPO))
 def ref_logits(path: str, toks: np.ndarray, sparse: bool, kv: str = "f32") -> np.ndarray:
     """kernels_ref logits (float32). kv="asq": K/V through the file's ASQ prototypes (FORMAT.md §6), as the
     patched llama.cpp's compressed cache stores them (sparse attention with the file's settings)."""
-    import gguf
     import torch
-    from dsa_convert.kernels_ref.indexer import IndexerWeights, indexer_scores
-    from dsa_convert.kernels_ref.model import RefModel, masked_attention
-    from dsa_convert.kernels_ref.selection import select_tokens
+    from dsa_convert.kernels_ref.model import RefModel
 
     m = RefModel.from_gguf(path)
-    if kv != "f32":
-        from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf
-        from dsa_convert.kernels_ref.sparse_attention import DsaAttention
-
-        st = dsa_settings_from_gguf(m)
-        hook = DsaAttention(scale=m.hp.kq_scale, attn="sparse" if sparse else "dense", kv=kv, top_k=st["top_k"],
-                            sink=st["sink"], local=st["local"], indexers=st["indexers"], asq_protos=st["asq_protos"],
-                            residual_bits=st["residual_bits"], key_space=st["key_space"], rope_keys=m.rope_keys)
-        return m.forward(torch.tensor(toks), attention=hook).double().numpy()
-    if not sparse:
+    if not sparse and kv == "f32":
         return m.forward(torch.tensor(toks)).double().numpy()
-    r = gguf.GGUFReader(path)
-    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    a = kv["general.architecture"]
-    K, S, L = kv[f"{a}.attention.indexer.top_k"], kv[f"{a}.dsa.sink"], kv[f"{a}.dsa.local"]
-    R, eps = kv[f"{a}.dsa.indexer.rope_dim"], kv[f"{a}.dsa.indexer.norm_eps"]
-    base = float(kv.get(f"{a}.rope.freq_base", 10000.0))
-    T = lambda n: torch.tensor(np.asarray(m.gguf.tensor(n), dtype=np.float32))  # noqa: E731
+    from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf
+    from dsa_convert.kernels_ref.sparse_attention import DsaAttention
 
-    def attn(layer, q, k, v, x, k_pre, positions):
-        p = f"blk.{layer}.indexer."
-        if not m.has(p + "attn_k.weight"):
-            return masked_attention(q, k, v, torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril(), m.hp.kq_scale)
-        w = IndexerWeights(T(p + "attn_q_b.weight"), T(p + "attn_k.weight"), T(p + "k_norm.weight"),
-                           T(p + "k_norm.bias"), T(p + "proj.weight"), R, eps, base)
-        mask = select_tokens(indexer_scores(x, positions, w), K, S, L)
-        return masked_attention(q, k, v, mask, m.hp.kq_scale)
-
-    return m.forward(torch.tensor(toks), attention=attn).double().numpy()
+    st = dsa_settings_from_gguf(m)
+    hook = DsaAttention(scale=m.hp.kq_scale, attn="sparse" if sparse else "dense", kv=kv, top_k=st["top_k"],
+                        sink=st["sink"], local=st["local"], indexers=st["indexers"], asq_protos=st["asq_protos"],
+                        residual_bits=st["residual_bits"], key_space=st["key_space"], rope_keys=m.rope_keys,
+                        indexer_types=st.get("indexer_types"))
+    return m.forward(torch.tensor(toks), attention=hook).double().numpy()
 
 
 def ref_logits_isolated(path: str, toks: np.ndarray, kv: str = "f32") -> np.ndarray:

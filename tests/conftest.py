@@ -70,13 +70,13 @@ VARIANTS = {
 }
 
 
-def make_tiny_model(out: Path, variant: str, seed: int = 0) -> Path:
+def make_tiny_model(out: Path, variant: str, seed: int = 0, n_layer: int = 2) -> Path:
     import transformers
 
     cls_name, kw, style, shard = VARIANTS[variant]
     out.mkdir(parents=True, exist_ok=True)
     make_bpe_tokenizer(out)
-    base = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    base = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layer,
                 max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1, pad_token_id=2)
     base.update({k: v for k, v in kw.items() if k not in ("rope_scaling", "rope_theta")})
     rope = dict(kw.get("rope_scaling") or {"rope_type": "default"})

@@ -24,6 +24,8 @@ class DsaConfig:
     index_dim: int = 64                 # D
     rope_dim: int = 32                  # R (even, <= D)
     norm_eps: float = 1e-6
+    index_share: int = 1                # G: layer l runs its own indexer iff l % G == 0, the others reuse its top-k
+                                        # ({arch}.attention.indexer.types, FORMAT §4a); 1 = an indexer in every layer
     # ---- ASQ (FORMAT §6); cluster_num None -> no ASQ tensors
     cluster_num: Optional[int] = 64
     residual_bits: int = 4
@@ -60,6 +62,8 @@ class DsaConfig:
             raise BadInputError(f"--block-size must be > 0 (got {self.block_size})")
         if self.index_heads <= 0 or self.index_dim <= 0:
             raise BadInputError("indexer head count and dim must be > 0")
+        if self.index_share < 1:
+            raise BadInputError(f"--index-share must be >= 1 (got {self.index_share})")
         if self.rope_dim % 2 or not 0 <= self.rope_dim <= self.index_dim:
             raise BadInputError(f"indexer rope_dim must be even and <= {self.index_dim} (got {self.rope_dim})")
         if self.cluster_num is not None and not 2 <= self.cluster_num <= 256:
@@ -78,6 +82,10 @@ class DsaConfig:
             raise BadInputError(f"calibration file not found: {self.calib}")
         return self
 
+    def indexer_types(self, n_layer: int) -> list[bool]:
+        """Per layer: True = full (own indexer), False = shared (reuses the last full layer's top-k)."""
+        return indexer_types_every(n_layer, self.index_share)
+
     @property
     def n_sparse_steps(self) -> int:
         return self.steps if self.sparse_steps is None else self.sparse_steps
@@ -94,3 +102,20 @@ class DsaConfig:
         d = asdict(self)
         d["calib"] = str(self.calib)
         return d
+
+
+def indexer_types_every(n_layer: int, share: int) -> list[bool]:
+    """Full indexer layers every ``share`` layers from layer 0 (the pattern `--index-share` writes)."""
+    return [il % share == 0 for il in range(n_layer)]
+
+
+def full_layer_of(types: list[bool] | None, il: int) -> int:
+    """The layer whose top-k layer ``il`` attends over: itself when full, else the last full layer before it."""
+    if types is None:
+        return il
+    j = il
+    while j >= 0 and not types[j]:
+        j -= 1
+    if j < 0:
+        raise BadInputError(f"layer {il} is shared (attention.indexer.types) but no full indexer layer precedes it")
+    return j

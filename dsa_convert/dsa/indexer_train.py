@@ -1,7 +1,8 @@
 """Distil one layer's lightning indexer from the frozen dense attention (DeepSeek-V3.2 recipe).
 
 Target for query t: the dense attention probabilities of the layer summed over heads and
-renormalised, p_t(s) (s <= t). Phase 1 (dense warm-up) minimises KL(p_t || softmax_s score(t, s))
+renormalised, p_t(s) (s <= t); for a full layer whose top-k the following shared layers reuse
+(``--index-share``, FORMAT §4a) the mean of that target over the layer and its shared layers. Phase 1 (dense warm-up) minimises KL(p_t || softmax_s score(t, s))
 over all s <= t. Phase 2 (sparse) restricts both distributions to the keys the current indexer
 would select (FORMAT §5) with the chosen sink/local split (``sparse_target='selected'``, DeepSeek) or
 to the middle region the indexer actually picks from, [sink, t − local] (``'middle'``). Only query rows t >= top_k are used in
@@ -31,6 +32,13 @@ class LayerCalib:
     q: Tensor      # [N, n_head, T, hd] main query after RoPE
     k: Tensor      # [N, n_kv, T, hd] main key after RoPE
     scale: float   # main attention kq scale
+    members: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (q, k) of the shared layers that follow
+
+    def target(self, n: int, rows: Tensor, dev) -> Tensor:
+        """Chunk n's distillation target for query ``rows``: the layer's (and its shared layers') mean dense target."""
+        qk = [(self.q, self.k)] + list(self.members)
+        return sum(dense_target(q[n].to(dev, torch.float32), k[n].to(dev, torch.float32), rows, self.scale)
+                   for q, k in qk) / len(qk)
 
 
 @dataclass
@@ -114,7 +122,7 @@ def train_layer(data: LayerCalib, w0: IndexerWeights, *, steps: int, top_k: int,
         rows = (torch.randperm(T - lo, generator=gen)[:nr] + lo).sort().values.to(dev)
         x = data.x[n].to(dev, torch.float32)
         with torch.no_grad():
-            tgt = dense_target(data.q[n].to(dev, torch.float32), data.k[n].to(dev, torch.float32), rows, data.scale)
+            tgt = data.target(n, rows, dev)
         sc = _row_scores(mod.weights(), x, rows, positions)
         causal = torch.arange(T, device=dev)[None, :] <= rows[:, None]
         if phase == "dense":
@@ -155,7 +163,7 @@ def eval_kl(data: LayerCalib, w: IndexerWeights, top_k: int, rows_n: int = 256, 
     rows = torch.linspace(lo, T - 1, min(rows_n, T - lo)).long().to(dev)
     wd = w.to(torch.float32, dev)
     for n in range(min(chunks, data.x.shape[0])):
-        tgt = dense_target(data.q[n].to(dev, torch.float32), data.k[n].to(dev, torch.float32), rows, data.scale)
+        tgt = data.target(n, rows, dev)
         sc = _row_scores(wd, data.x[n].to(dev, torch.float32), rows, torch.arange(T, device=dev))
         causal = torch.arange(T, device=dev)[None, :] <= rows[:, None]
         out["kl"] += float(kl_loss(tgt, sc, causal)) / chunks

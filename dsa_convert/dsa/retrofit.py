@@ -56,6 +56,10 @@ class DsaResult:
                                          t("k_norm.bias"), t("proj.weight"), rope_dim, eps, base)
         return out
 
+    def indexer_types(self) -> list[bool] | None:
+        v = self.kv.get(f"{self.arch}.attention.indexer.types")
+        return None if v is None else [bool(x) for x in v[0]]
+
     def asq_protos(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         out = {}
         for name in self.tensors:
@@ -70,7 +74,8 @@ class DsaResult:
         return default if v is None else v[0]
 
 
-def dsa_kv(arch: str, cfg: DsaConfig, sink: int, local: int, split_source: str, key_space: str | None) -> dict:
+def dsa_kv(arch: str, cfg: DsaConfig, sink: int, local: int, split_source: str, key_space: str | None,
+           types: list[bool] | None = None) -> dict:
     U, F, S = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING
     kv = {
         f"{arch}.attention.indexer.head_count": (cfg.index_heads, U),
@@ -85,6 +90,9 @@ def dsa_kv(arch: str, cfg: DsaConfig, sink: int, local: int, split_source: str, 
         f"{arch}.dsa.indexer.norm_eps": (cfg.norm_eps, F),
         f"{arch}.dsa.split_source": (split_source, S),
     }
+    if types is not None and not all(types):
+        # upstream's key (GLM-5.2's IndexCache layers): written only when some layer reuses another's top-k
+        kv[f"{arch}.attention.indexer.types"] = ([bool(t) for t in types], GGUFValueType.ARRAY)
     if cfg.cluster_num is not None:
         kv[f"{arch}.dsa.asq.cluster_num"] = (cfg.cluster_num, U)
         kv[f"{arch}.dsa.asq.residual_bits"] = (cfg.residual_bits, U)
@@ -125,6 +133,20 @@ def _advance(model, il: int, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor
         return torch.stack([model.layer(il, hh.to(model.device), pos) for hh in h])
 
 
+def _group_calib(model, il: int, h: torch.Tensor, pos: torch.Tensor, types: list[bool],
+                 sampler: AsqSampler | None) -> LayerCalib:
+    """Layer il's calibration data plus the (q, k) of the shared layers after it (they distil into its indexer)."""
+    x, q, k = _layer_data(model, il, h, pos, sampler)
+    data = LayerCalib(x, q, k, model.hp.kq_scale)
+    hj, j = h, il + 1
+    while j < len(types) and not types[j]:
+        hj = _advance(model, j - 1, hj, pos)
+        _, qj, kj = _layer_data(model, j, hj, pos, None)
+        data.members.append((qj, kj))
+        j += 1
+    return data
+
+
 def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn] = None, model=None) -> DsaResult:
     """Train indexers, pick the split, fit ASQ; see the module docstring. ``model``: a RefModel to reuse."""
     from ..kernels_ref.model import RefModel
@@ -147,6 +169,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     user_split = cfg.sink is not None and cfg.local is not None
     sparse_steps = cfg.n_sparse_steps
     log = {il: TrainLog() for il in range(hp.n_layer)}
+    types = cfg.indexer_types(hp.n_layer)
     indexers: dict[int, IndexerWeights] = {}
     asq_layers: list[LayerAsq] = []
     rep: dict = {"config": cfg.to_dict(), "ctx": ctx, "device": dev, "freq_base": hp.rope.base,
@@ -164,18 +187,20 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     t_asq = 0.0
     for il in range(hp.n_layer):
         sampler = AsqSampler(per_chunk, cfg.seed + il) if cfg.cluster_num is not None else None
-        x, q, k = _layer_data(model, il, h[:n_train], pos, sampler)
-        data = LayerCalib(x, q, k, hp.kq_scale)
-        w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
-                         cfg.seed + il)
-        w = train_layer(data, w, steps=cfg.steps, phase="dense", **kw(il))
-        if user_split:
-            w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
-        indexers[il] = w
-        if n_held:
-            hx, hq, hk = _layer_data(model, il, h[n_train:], pos, None)
-            rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(
-                LayerCalib(hx, hq, hk, hp.kq_scale), w, cfg.top_k, device=dev)["kl"]
+        if types[il]:
+            data = _group_calib(model, il, h[:n_train], pos, types, sampler)
+            w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
+                             cfg.seed + il)
+            w = train_layer(data, w, steps=cfg.steps, phase="dense", **kw(il))
+            if user_split:
+                w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
+            indexers[il] = w
+            if n_held:
+                rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(
+                    _group_calib(model, il, h[n_train:], pos, types, None), w, cfg.top_k, device=dev)["kl"]
+            del data
+        elif sampler is not None:
+            _layer_data(model, il, h[:n_train], pos, sampler)   # ASQ samples only: a shared layer has no indexer
         if sampler is not None:
             emit({"stage": "asq_fit", "layer": il})
             t0 = time.time()
@@ -184,7 +209,6 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
                                         cfg.seed + il, spaces=spaces))
             t_asq += time.time() - t0
-        del x, q, k, data
         h = _advance(model, il, h, pos)
     del h
     rep["stage_seconds"] = {"pass_a": time.time() - t_start, "asq_fit": t_asq}
@@ -195,17 +219,17 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     else:
         held = tokens[n_train:] if n_held else tokens[: max(1, min(2, n_train))]
         sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink,
-                                         select=cfg.select, block_size=cfg.block_size, progress=emit)
+                                         select=cfg.select, block_size=cfg.block_size, progress=emit,
+                                         indexer_types=types)
         rep["split"] = srep
         split_source = "calibrated"
         if sparse_steps > 0:
             t0 = time.time()
             h = torch.stack([model.embed(t) for t in tokens[:n_train]])
             for il in range(hp.n_layer):
-                x, q, k = _layer_data(model, il, h, pos, None)
-                indexers[il] = train_layer(LayerCalib(x, q, k, hp.kq_scale), indexers[il], steps=sparse_steps,
-                                           phase="sparse", sink=sink, local=local, **kw(il))
-                del x, q, k
+                if types[il]:
+                    indexers[il] = train_layer(_group_calib(model, il, h, pos, types, None), indexers[il],
+                                               steps=sparse_steps, phase="sparse", sink=sink, local=local, **kw(il))
                 if il + 1 < hp.n_layer:
                     h = _advance(model, il, h, pos)
             del h
@@ -232,5 +256,5 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             tensors[f"blk.{il}.dsa.asq_v_proto"] = np.ascontiguousarray(la.v_proto.numpy())
     rep["seconds"] = time.time() - t_start
     emit({"stage": "done", "seconds": rep["seconds"]})
-    return DsaResult(arch=hp.arch, kv=dsa_kv(hp.arch, cfg, sink, local, split_source, key_space),
+    return DsaResult(arch=hp.arch, kv=dsa_kv(hp.arch, cfg, sink, local, split_source, key_space, types),
                      tensors=tensors, report=rep)

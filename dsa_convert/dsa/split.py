@@ -50,7 +50,8 @@ def local_candidates(top_k: int, sink: int, select: str = "token", block_size: i
 
 def choose_split(model, tokens: torch.Tensor, indexers: dict, *, top_k: int, sink: Optional[int],
                  select: str = "token", block_size: int = 64,
-                 progress: Optional[Callable[[dict], None]] = None) -> tuple[int, int, dict]:
+                 progress: Optional[Callable[[dict], None]] = None,
+                 indexer_types: Optional[list[bool]] = None) -> tuple[int, int, dict]:
     """Return (sink, local, report) minimising held-out calibration NLL at budget top_k."""
     T = tokens.shape[1]
     start = min(top_k, T - 2)
@@ -61,7 +62,8 @@ def choose_split(model, tokens: torch.Tensor, indexers: dict, *, top_k: int, sin
     def score(S: int, L: int) -> float:
         if (S, L) not in cache:
             att = DsaAttention(scale=model.hp.kq_scale, attn="sparse", top_k=top_k, sink=S, local=L,
-                               select=select, block_size=block_size, indexers=indexers)
+                               select=select, block_size=block_size, indexers=indexers,
+                               indexer_types=indexer_types)
             nll = calib_nll(model, tokens, att, start)
             cache[(S, L)] = nll
             table.append({"sink": S, "local": L, "nll": nll, "ppl": math.exp(nll)})

@@ -68,6 +68,8 @@ def dsa_overrides(g: GgufFile, attn: str | None, top_k: int | None, kv: str = "f
             raise BadInputError(f"--top-k must be > 0 (got {top_k})")
         ov[key] = int(top_k)
     mode = "dense" if (not has_indexer or attn == "dense") else "sparse"
+    if mode == "sparse":
+        g.indexer_types()   # a clear one-line error here rather than llama.cpp's generic load failure
     keys = (index_keys or INDEX_KEYS_DEFAULT) if mode == "sparse" else None
     if keys == "f16":
         ov[f"{arch}.dsa.indexer.key_f16"] = True     # the patched llama.cpp's runtime switch (FORMAT.md §5b)

@@ -49,6 +49,9 @@ def dsa_settings_from_gguf(model) -> dict:
         if model.has(f"blk.{il}.dsa.asq_k_proto"):
             protos[il] = (model.w(f"blk.{il}.dsa.asq_k_proto"), model.w(f"blk.{il}.dsa.asq_v_proto"))
     s["indexers"], s["asq_protos"] = idx, protos
+    types = g.indexer_types()
+    if types is not None:
+        s["indexer_types"] = types
     return {k: v for k, v in s.items() if v is not None}
 
 
@@ -57,7 +60,7 @@ def dsa_settings_from_result(res) -> dict:
             "local": res.setting("dsa.local", 1), "select": res.setting("dsa.select", "token"),
             "block_size": res.setting("dsa.block_size", 64), "residual_bits": res.setting("dsa.asq.residual_bits", 4),
             "key_space": res.setting("dsa.asq.key_space", "pre_rope"), "indexers": res.indexers(),
-            "asq_protos": res.asq_protos()}
+            "asq_protos": res.asq_protos(), "indexer_types": res.indexer_types()}
 
 
 def fit_split(top_k: int, sink: int, local: int) -> tuple[int, int]:
@@ -130,7 +133,7 @@ def perplexity_torch(model_path: Path | None, text_path: Path, *, ctx: int = 204
                             select=st.get("select", "token"), block_size=st.get("block_size", 64),
                             indexers=st.get("indexers"), asq_protos=st.get("asq_protos"),
                             residual_bits=st.get("residual_bits", 4), key_space=st.get("key_space", "pre_rope"),
-                            rope_keys=model.rope_keys, seed=seed)
+                            rope_keys=model.rope_keys, seed=seed, indexer_types=st.get("indexer_types"))
     acc = NllAccumulator()
     for i in range(plan.n_chunk):
         chunk = chunk_tokens(tokens, plan, i)

@@ -231,6 +231,27 @@ class GgufFile:
     def layer_count(self) -> int:
         return int(self.akey("block_count", 0))
 
+    def indexer_types(self) -> list[bool] | None:
+        """{arch}.attention.indexer.types (FORMAT.md §4a), checked as the patched llama.cpp checks it: one flag per
+        layer, layer 0 full, no indexer tensors in a shared layer. None when absent (every layer full)."""
+        v = self.akey("attention.indexer.types")
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            v = [v] * self.layer_count()    # llama.cpp also takes one scalar for every layer
+        t = [bool(x) for x in v]
+        n = self.layer_count()
+        name = self.path.name
+        if len(t) != n:
+            raise BadInputError(f"{name}: attention.indexer.types has {len(t)} entries for {n} layers")
+        if t and not t[0]:
+            raise BadInputError(f"{name}: attention.indexer.types[0] is 0 (shared) but a shared layer needs a full "
+                                "indexer layer before it")
+        for il, full in enumerate(t):
+            if not full and self.has(f"blk.{il}.indexer.attn_k.weight"):
+                raise BadInputError(f"{name}: layer {il} is shared (attention.indexer.types) but carries indexer tensors")
+        return t
+
     def close(self) -> None:
         # GGUFReader holds an np.memmap; dropping references closes it
         self._by_name.clear()

@@ -57,12 +57,14 @@ class DsaAttention:
     kv:   f32 | f16 | q8_0 | q4_0 (K after RoPE, V; ggml block math) | asq (FORMAT §6; K in
           ``key_space``; pre_rope keys are decoded then RoPE'd with ``rope_keys(k_pre, positions)``).
     Layers without an indexer (``indexers`` lacks the layer) attend densely in ``sparse`` mode.
+    ``indexer_types`` (FORMAT §4a, per layer: True = full, False = shared; None = all full): a shared layer attends
+    over the selection of the last full layer before it in the same forward pass (layers are called in order).
     """
 
     def __init__(self, *, scale: float, attn: str = "dense", kv: str = "f32", top_k: int = 0, sink: int = 0,
                  local: int = 0, select: str = "token", block_size: int = 64, indexers: dict | None = None,
                  asq_protos: dict | None = None, residual_bits: int = 4, key_space: str = "pre_rope",
-                 rope_keys=None, seed: int = 0):
+                 rope_keys=None, seed: int = 0, indexer_types: list[bool] | None = None):
         if attn not in ("dense", "sparse", "local", "random", "oracle"):
             raise ValueError(f"unknown attention mode {attn!r}")
         if attn != "dense" and top_k <= 0:
@@ -74,10 +76,18 @@ class DsaAttention:
         self.asq_protos = asq_protos or {}          # layer -> (k_proto [n_kv,C,hd], v_proto [n_kv,C,hd])
         self.bits, self.key_space, self.rope_keys, self.seed = residual_bits, key_space, rope_keys, seed
         self.selected_fraction: list[float] = []    # mean |mask row| / (t+1), for reports
+        self.indexer_types = list(indexer_types) if indexer_types is not None else None
+        if self.indexer_types is not None and self.indexer_types and not self.indexer_types[0]:
+            raise ValueError("attention.indexer.types[0] must be full: a shared layer reuses an earlier full layer")
+        self._full_mask: Tensor | None = None       # the last full layer's selection (this forward pass)
 
     def _mask(self, layer: int, q: Tensor, k: Tensor, x: Tensor, positions: Tensor) -> Tensor | None:
         from . import selection as sel
         T = q.shape[1]
+        if self.attn == "sparse" and self.indexer_types is not None and not self.indexer_types[layer]:
+            return self._full_mask
+        if self.attn == "sparse" and self.indexers.get(layer) is not None:
+            self._full_mask = None                  # set below unless the whole context fits the budget
         if self.attn == "dense" or T <= self.top_k:
             return None
         if self.attn == "local":
@@ -92,7 +102,10 @@ class DsaAttention:
             if w is None:
                 return None
             scores = indexer_scores(x, positions, w)
-        return sel.select(scores, self.top_k, self.sink, self.local, self.select, self.block_size)
+        mask = sel.select(scores, self.top_k, self.sink, self.local, self.select, self.block_size)
+        if self.attn == "sparse":
+            self._full_mask = mask
+        return mask
 
     def _kv(self, layer: int, k: Tensor, v: Tensor, k_pre: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         if self.kv == "asq":

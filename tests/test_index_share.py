@@ -1,0 +1,176 @@
+"""Cross-layer index reuse (`--index-share G`, upstream's {arch}.attention.indexer.types; FORMAT.md §4a): a shared
+layer attends over the top-k of the last full indexer layer before it. kernels_ref, the retrofit's file and the
+patched llama.cpp (prefill, token-by-token decode, the fused decode op) must agree."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_tiny_model, requires_backend, verify_module
+
+REPO = Path(__file__).resolve().parents[1]
+TOPK, SINK, LOCAL, N, PREFILL = 24, 2, 6, 72, 20
+
+torch.set_num_threads(2)
+
+
+def _weights(n_embd: int, seed: int):
+    from dsa_convert.dsa.indexer_train import init_indexer
+    return init_indexer(n_embd, 2, 8, 4, 1e-6, 10000.0, seed)
+
+
+def test_shared_layers_attend_over_the_last_full_layers_selection():
+    from dsa_convert.kernels_ref.sparse_attention import DsaAttention
+
+    T, E, H, hd = 40, 16, 2, 8
+    g = torch.Generator().manual_seed(0)
+    types = [True, False, False, True, False]
+    idx = {0: _weights(E, 1), 3: _weights(E, 2)}
+    att = DsaAttention(scale=0.3, attn="sparse", top_k=12, sink=1, local=3, indexers=idx, indexer_types=types)
+    pos = torch.arange(T)
+    masks = []
+    for il in range(5):   # layers in order, each with its own input (a shared layer's input must not matter)
+        q, k = torch.randn(H, T, hd, generator=g), torch.randn(H, T, hd, generator=g)
+        masks.append(att._mask(il, q, k, torch.randn(T, E, generator=g), pos))
+    assert masks[0] is not None and masks[3] is not None
+    assert torch.equal(masks[1], masks[0]) and torch.equal(masks[2], masks[0]) and torch.equal(masks[4], masks[3])
+    assert not torch.equal(masks[3], masks[0])
+    # a context that fits the budget: the full layer attends densely, and so does the shared one (no stale mask)
+    q, k, x = torch.randn(H, 8, hd), torch.randn(H, 8, hd), torch.randn(8, E)
+    assert att._mask(0, q, k, x, torch.arange(8)) is None and att._mask(1, q, k, x, torch.arange(8)) is None
+    with pytest.raises(ValueError, match="types"):
+        DsaAttention(scale=0.3, attn="sparse", top_k=12, indexers=idx, indexer_types=[False, True])
+
+
+def test_index_share_pattern_and_full_layer_lookup():
+    from dsa_convert.dsa.config import full_layer_of, indexer_types_every
+    from dsa_convert.errors import BadInputError
+
+    t = indexer_types_every(7, 3)
+    assert t == [True, False, False, True, False, False, True]
+    assert [full_layer_of(t, il) for il in range(7)] == [0, 0, 0, 3, 3, 3, 6]
+    assert indexer_types_every(4, 1) == [True] * 4
+    with pytest.raises(BadInputError):
+        full_layer_of([False, True], 0)
+
+
+def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path):
+    """`dsa convert --index-share 2` on a 4-layer model: types [1,0,1,0], indexer tensors on layers 0 and 2 only,
+    the group target trains them, and kernels_ref's sparse PPL reads the file back."""
+    from dsa_convert.convert import ConvertOptions, convert
+    from dsa_convert.dsa.config import DsaConfig
+    from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf
+    from dsa_convert.formats.gguf_read import GgufFile
+    from dsa_convert.kernels_ref.model import RefModel
+    from test_runtime_dsa import _calib_file
+
+    model = make_tiny_model(tmp_path / "m", "llama-llama3rope-tied-sharded", n_layer=4)
+    out = tmp_path / "s.gguf"
+    cfg = DsaConfig(top_k=48, sink=4, local=12, index_heads=2, index_dim=32, rope_dim=16, cluster_num=None,
+                    calib=_calib_file(tmp_path), ctx=256, calib_chunks=3, split_chunks=1, steps=10, seed=0,
+                    index_share=2, device="cpu").validate()
+    res = convert(ConvertOptions(model, out, outtype="f32", quiet=True, dsa=cfg))
+    assert res["dsa"]
+    g = GgufFile(out)
+    assert g.indexer_types() == [True, False, True, False]
+    have = sorted(il for il in range(4) if g.has(f"blk.{il}.indexer.attn_k.weight"))
+    assert have == [0, 2]
+    st = dsa_settings_from_gguf(RefModel.from_gguf(out))
+    assert st["indexer_types"] == [True, False, True, False] and sorted(st["indexers"]) == [0, 2]
+
+
+def test_group_target_is_the_mean_of_the_layers_targets():
+    from dsa_convert.dsa.indexer_train import LayerCalib, dense_target
+
+    g = torch.Generator().manual_seed(0)
+    q = [torch.randn(1, 4, 16, 8, generator=g) for _ in range(3)]
+    k = [torch.randn(1, 2, 16, 8, generator=g) for _ in range(3)]
+    data = LayerCalib(torch.zeros(1, 16, 4), q[0], k[0], 0.35, members=[(q[1], k[1]), (q[2], k[2])])
+    rows = torch.tensor([5, 9, 15])
+    want = sum(dense_target(q[i][0], k[i][0], rows, 0.35) for i in range(3)) / 3
+    got = data.target(0, rows, "cpu")
+    assert torch.allclose(got, want) and torch.allclose(got.sum(-1), torch.ones(3))
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def shared_dsa(request, tmp_path_factory):
+    """A 5-layer stock GGUF, the same with indexers on every G-th layer shared by the layers between, and with those
+    indexers but the other layers dense (no types key)."""
+    from dsa_convert.convert import ConvertOptions, convert
+
+    G = request.param
+    root = tmp_path_factory.mktemp(f"share{G}")
+    plain, shared, holes = root / "plain.gguf", root / "shared.gguf", root / "holes.gguf"
+    convert(ConvertOptions(make_tiny_model(root / "m", "mistral-gqa", n_layer=5), plain, outtype="f32", quiet=True))
+    common = ["--heads", "2", "--dim", "32", "--rope-dim", "16", "--top-k", str(TOPK), "--sink", str(SINK),
+              "--local", str(LOCAL)]
+    script = str(REPO / "scripts" / "make_test_dsa_gguf.py")
+    subprocess.run([sys.executable, script, str(plain), str(shared), *common, "--index-share", str(G)],
+                   check=True, capture_output=True)
+    full = ",".join(str(il) for il in range(0, 5, G))
+    subprocess.run([sys.executable, script, str(plain), str(holes), *common, "--layers", full],
+                   check=True, capture_output=True)
+    return G, plain, shared, holes
+
+
+@requires_backend
+def test_shared_file_matches_kernels_ref_prefill_and_decode(shared_dsa):
+    G, plain, shared, holes = shared_dsa
+    v = verify_module()
+    toks = np.random.default_rng(5).integers(3, 320, N)
+    ref = v.ref_logits(str(shared), toks, sparse=True)
+    scale = ref.max() - ref.min()
+    one_batch = v.llama_logits(str(shared), toks, n_ctx=128)
+    decode = v.llama_logits(str(shared), toks, n_ctx=128, prefill=PREFILL)
+    fused = v.llama_logits(str(shared), toks, n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True)
+    assert np.abs(one_batch - ref).max() / scale < 1e-4
+    assert np.abs(decode - ref).max() / scale < 1e-4
+    assert np.abs(fused - ref).max() / scale < 3e-3       # f16 cache, F16 accumulation of the fused op
+    # the shared layers really are sparse: the same indexers with those layers dense give other logits
+    holes_l = v.llama_logits(str(holes), toks, n_ctx=128, prefill=PREFILL)
+    assert np.abs(decode[TOPK:] - holes_l[TOPK:]).max() / scale > 1e-3
+    assert np.array_equal(decode[:TOPK], holes_l[:TOPK])   # t < top_k: every key selected in both
+
+
+@requires_backend
+def test_shared_file_load_log_and_bad_types(shared_dsa, tmp_path):
+    import gguf
+
+    G, plain, shared, _ = shared_dsa
+    code = "import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True)"
+    r = subprocess.run([sys.executable, "-c", code, str(shared)], capture_output=True, text=True)
+    n_shared = sum(1 for il in range(5) if il % G)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"5 of 5 layers sparse ({n_shared} reuse an earlier layer's top-k)" in r.stderr
+    # layer 0 marked shared: refused at load by llama.cpp, and by dsa eval with a one-line error
+    bad = tmp_path / "bad.gguf"
+    rd = gguf.GGUFReader(str(shared))
+    w = gguf.GGUFWriter(str(bad), "llama")
+    for key, f in rd.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vt = gguf.GGUFValueType(f.types[0])
+        val = f.contents()
+        if key == "llama.attention.indexer.types":
+            val = [False] + list(val[1:])
+        w.add_key_value(key, val, vt, sub_type=gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None)
+    for t in rd.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=[int(x) for x in reversed(t.shape)],
+                     raw_dtype=gguf.GGMLQuantizationType(t.tensor_type))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True)
+    assert r.returncode != 0 and "layer 0 is shared" in r.stderr
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 200)
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", str(bad), "--ppl", str(text), "--ctx", "64"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "attention.indexer.types[0] is 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
