@@ -126,6 +126,12 @@
 #   Not yet run: the key norm's early form, e.g. STEPS="exp:TMAX=540 build exp:TMAX=300 synthbg synth8bg wait streams
 #   bench8b=--ctx,65536:131072,--variant,LLAMA_DSA_NORM_ROPE_EARLY=1,--gen,34" (streams checks it bit-identical), then
 #   exp:LLAMA_DSA_NORM_ROPE_EARLY=1 exp:TRACE_TAG=early exp:PROF_FILE=/tmp/w/synth-8b.gguf exp:TRACE_CTX=65536 trace.
+# RESULTS section 4y's round (shared indexer layers, --index-share; synthsharebg / synth8sharebg write the G = SHARE files,
+#   BENCH_SHARE=G makes bench1b / bench8b use them; retrofit takes RETRO_TAG / RETRO_ARGS, asq takes KV_TAG). Two
+#   retrofits in the background beside a cold build did not finish in the bg steps' 300 s; run one alone (149 s warm):
+#   2 (warm): STEPS="synth8sharebg exp:RETRO_TAG=-share2 exp:RETRO_ARGS=--index-share,2 exp:TMAX=330 retrofit wait
+#            exp:DC_PREFILL=1100 exp:DSA_FILE=/tmp/w/ref-dsa-share2.gguf decodecheck exp:ASQ_ARGS=--kv,f16 exp:KV_TAG=-share2 asq"
+#   3 (warm): STEPS="exp:BENCH_SHARE=4 bench1b=--ctx,131072:65536:16384,--gen,34 bench8b=--ctx,65536:131072:16384,--gen,34 ..."
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

@@ -104,6 +104,7 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
     assert by[(64, "sparse")]["mode_log"].startswith(f"top-k={TOPK}")          # the sparse path really ran
     assert by[(64, "dense")]["mode_log"].startswith("off")
     assert by[(64, "sparse")]["sparse_active"] and by[(64, "sparse")]["top_k"] == TOPK
+    assert by[(64, "sparse")]["indexer_layers"] == 2 and by[(64, "dense")]["indexer_layers"] is None
     # main K/V: 2 layers x 2 KV heads x 64 x (K + V) x 2 bytes = 1024 B/token (f16); sparse adds the
     # indexer-key cache, F16 by default: 2 layers x 64 x 2 = 256 B/token (llama.cpp logs MiB with 2 decimals)
     assert by[(512, "dense")]["kv_bytes_per_token"] == pytest.approx(1024, rel=0.02)

@@ -92,6 +92,7 @@ class FileInfo:
     top_k: int | None                 # the file's indexer top-k (None: no DSA indexer)
     overrides: dict[str, dict]        # attn -> kv_overrides
     index_keys: dict[str, str | None]  # attn -> the indexer-key cache that run uses (None: dense, no indexer)
+    indexer_layers: int | None = None  # layers that run their own indexer (FORMAT.md §4a; None: no indexer)
 
 
 def parse_int_list(spec: str, what: str) -> list[int]:
@@ -208,6 +209,9 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         resolved = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16",
                                      o.index_keys if m == "sparse" else None) for m in o.attn}
         top_k = g.get(f"{arch}.attention.indexer.top_k")
+        if top_k is not None:
+            g.indexer_types()             # FORMAT.md §4a checks: a clear error before llama.cpp's load failure
+        n_idx = sum(1 for il in range(g.layer_count()) if g.has(f"blk.{il}.indexer.attn_k.weight"))
     finally:
         g.close()
     if n_train and not o.force:
@@ -216,7 +220,8 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
             raise BadInputError(f"--ctx {too_long[0]} exceeds the model's trained context {n_train} "
                                 "(use --force to run it anyway)")
     return FileInfo(arch, n_train, int(top_k) if top_k is not None else None,
-                    {m: ov for m, (ov, _) in resolved.items()}, {m: mode["index_keys"] for m, (_, mode) in resolved.items()})
+                    {m: ov for m, (ov, _) in resolved.items()}, {m: mode["index_keys"] for m, (_, mode) in resolved.items()},
+                    n_idx if top_k is not None else None)
 
 
 def _device(lc, n_gpu_layers: int, kv: KvCacheInfo) -> str:
@@ -299,6 +304,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
     eff_k = None if attn == "dense" else fi.top_k
     return {
         "ctx": ctx_len, "gen": o.gen, "attn": attn, "top_k": eff_k,
+        "indexer_layers": None if attn == "dense" else fi.indexer_layers,
         "sparse_active": bool(eff_k is not None and ctx_len + o.gen > eff_k),
         "mode_log": kv.sparse_line,
         "prefill_tokens": ctx_len, "prefill_s": round(prefill_s, 4),
