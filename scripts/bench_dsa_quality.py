@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--sparse-target", default="middle")
     ap.add_argument("--train-ctx", type=int, default=None,
                     help="calibration ctx of the retrofit (default: each point's ctx; `dsa convert` uses 2048)")
+    ap.add_argument("--index-share", default="1", help="G values (comma list): an indexer every G layers, the layers "
+                    "between reuse its top-k (FORMAT.md §4a); one retrofit per point and G")
     ap.add_argument("--sink", type=int, default=None)
     ap.add_argument("--local", type=int, default=None)
     ap.add_argument("--asq", default="16,32,64", help="cluster counts for the KV table ('' = skip)")
@@ -83,24 +85,27 @@ def main() -> None:
             dense[ctx] = ppl(ctx, attn="dense", kv="f16")
             out["quality"].append(dict(dense[ctx], budget=None))
             log(f"ctx {ctx} dense {dense[ctx]['ppl']:.3f}")
-        cfg = DsaConfig(top_k=K, sink=a.sink, local=a.local, calib=a.calib, ctx=a.train_ctx or ctx,
-                        calib_chunks=a.calib_chunks, split_chunks=a.split_chunks, steps=a.steps, sparse_steps=a.sparse_steps,
-                        query_rows=a.query_rows, rope_dim=a.rope_dim, index_heads=a.index_heads,
-                        sparse_target=a.sparse_target, cluster_num=None, device=dev, seed=a.seed)
-        t0 = time.time()
-        res = run_retrofit(a.model, cfg, progress=lambda d: log(d) if d["stage"] in ("split", "done") else None,
-                           model=model)
-        out["retrofits"].append({"ctx": ctx, "train_ctx": a.train_ctx or ctx, "budget": K, "seconds": time.time() - t0, "report": res.report})
-        S, L = res.report["sink"], res.report["local"]
-        log(f"ctx {ctx} K {K}: split S={S} L={L} in {time.time() - t0:.0f}s")
-        for m in a.modes.split(","):
-            if m == "dense":
-                continue
-            r = ppl(ctx, attn=m, kv="f16", dsa=res)
-            r.update(budget=K, delta_pct=100 * (r["ppl"] / dense[ctx]["ppl"] - 1))
-            out["quality"].append(r)
-            log(f"  {m:7s} ppl {r['ppl']:.3f} ({r['delta_pct']:+.2f}%) sink {r['sink']} local {r['local']}")
-            save()
+        for gi, G in enumerate(int(g) for g in a.index_share.split(",")):
+            cfg = DsaConfig(top_k=K, sink=a.sink, local=a.local, calib=a.calib, ctx=a.train_ctx or ctx,
+                            calib_chunks=a.calib_chunks, split_chunks=a.split_chunks, steps=a.steps,
+                            sparse_steps=a.sparse_steps, query_rows=a.query_rows, rope_dim=a.rope_dim,
+                            index_heads=a.index_heads, sparse_target=a.sparse_target, cluster_num=None, device=dev,
+                            seed=a.seed, index_share=G)
+            t0 = time.time()
+            res = run_retrofit(a.model, cfg, progress=lambda d: log(d) if d["stage"] in ("split", "done") else None,
+                               model=model)
+            out["retrofits"].append({"ctx": ctx, "train_ctx": a.train_ctx or ctx, "budget": K, "index_share": G,
+                                     "seconds": time.time() - t0, "report": res.report})
+            S, L = res.report["sink"], res.report["local"]
+            log(f"ctx {ctx} K {K} G {G}: split S={S} L={L} in {time.time() - t0:.0f}s")
+            for m in a.modes.split(","):
+                if m == "dense" or (m != "sparse" and gi > 0):   # the baselines do not depend on G
+                    continue
+                r = ppl(ctx, attn=m, kv="f16", dsa=res)
+                r.update(budget=K, index_share=G, delta_pct=100 * (r["ppl"] / dense[ctx]["ppl"] - 1))
+                out["quality"].append(r)
+                log(f"  G {G} {m:7s} ppl {r['ppl']:.3f} ({r['delta_pct']:+.2f}%) sink {r['sink']} local {r['local']}")
+                save()
 
     # ---- KV cache variants (dense attention)
     if a.asq:
