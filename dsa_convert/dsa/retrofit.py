@@ -5,6 +5,9 @@
     res.tensors  {"blk.0.indexer.attn_q_b.weight": np.ndarray [H*D, n_embd], ...}  (gguf-py order)
     res.report   measured numbers (losses, split candidates, ASQ errors, timings)
 
+With ``cfg.index_share`` G > 1 only layers 0, G, 2G, ... get an indexer, trained on the mean target of
+their group (the layer and the shared layers after it, FORMAT §4a); the others reuse its top-k.
+
 The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
 at a time over all calibration chunks; the hidden states and the current layer's x/q/k stay on the
 training device (on a GPU this avoids a host-to-device copy per training step). K prototypes are in
