@@ -82,6 +82,17 @@ def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path)
     assert have == [0, 2]
     st = dsa_settings_from_gguf(RefModel.from_gguf(out))
     assert st["indexer_types"] == [True, False, True, False] and sorted(st["indexers"]) == [0, 2]
+    # `dsa inspect --heatmap` of a shared layer: its own attention against the picks it reuses (layer 2's here)
+    from dsa_convert.dsa.heatmap import write_heatmap
+    from dsa_convert.errors import BadInputError
+
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat and the dog ran in the park " * 60)
+    r = write_heatmap(out, tmp_path / "h3.png", text, 3, n_tokens=128)
+    assert r["indexer_layer"] == 2 and (tmp_path / "h3.png").stat().st_size > 0
+    assert write_heatmap(out, tmp_path / "h0.png", text, 0, n_tokens=128)["indexer_layer"] == 0
+    with pytest.raises(BadInputError, match="out of range"):
+        write_heatmap(out, tmp_path / "h9.png", text, 9, n_tokens=128)
 
 
 def test_group_target_is_the_mean_of_the_layers_targets():

@@ -31,9 +31,14 @@ def write_heatmap(gguf_path: Path, out: Path, text: Path | None, layer: int, n_t
 
     if text is None or not Path(text).is_file():
         raise BadInputError("--heatmap needs --text FILE (an existing text file)")
+    from .config import full_layer_of
+
     model = RefModel.from_gguf(gguf_path)
     st = dsa_settings_from_gguf(model)
-    if layer not in st.get("indexers", {}):
+    if not 0 <= layer < model.hp.n_layer:
+        raise BadInputError(f"--layer {layer} is out of range (the model has {model.hp.n_layer} layers)")
+    src = full_layer_of(st.get("indexer_types"), layer)   # a shared layer (FORMAT §4a) shows the picks it reuses
+    if src not in st.get("indexers", {}):
         raise BadInputError(f"{Path(gguf_path).name}: layer {layer} has no indexer (layers with one: "
                             f"{sorted(st.get('indexers', {})) or 'none'})")
     toks = _tokens(Path(gguf_path), Path(text).read_text(encoding="utf-8", errors="replace"), n_tokens)
@@ -45,7 +50,7 @@ def write_heatmap(gguf_path: Path, out: Path, text: Path | None, layer: int, n_t
     pos = torch.arange(T)
 
     def cap(il, name, t):
-        if il == layer and name in ("attn_in", "q", "k"):
+        if (il == layer and name in ("q", "k")) or (il == src and name == "attn_in"):
             grabbed[name] = t
 
     with torch.no_grad():
@@ -54,7 +59,7 @@ def write_heatmap(gguf_path: Path, out: Path, text: Path | None, layer: int, n_t
             h = model.layer(il, h, pos, capture=cap)
         probs = attention_probs(grabbed["q"], grabbed["k"], scale=model.hp.kq_scale).sum(0)   # [T, T], rows sum to H
         probs = probs / probs.sum(-1, keepdim=True)
-        sc = indexer_scores(grabbed["attn_in"], pos, st["indexers"][layer])
+        sc = indexer_scores(grabbed["attn_in"], pos, st["indexers"][src])
         sel = select(sc, K, int(st.get("sink", 0)), int(st.get("local", 1)), st.get("select", "token"),
                      int(st.get("block_size", 64)))
     captured = (probs * sel).sum(-1).numpy()
@@ -70,7 +75,8 @@ def write_heatmap(gguf_path: Path, out: Path, text: Path | None, layer: int, n_t
     ax.imshow(img, cmap="Greys", vmin=-4, vmax=0, interpolation="nearest")
     ys, xs = np.nonzero(sel.numpy() & rows[:, None])
     ax.scatter(xs, ys, s=0.15, c="tab:red", alpha=0.5, linewidths=0)
-    ax.set_title(f"layer {layer}: dense attention (grey, log10, heads summed) and indexer selection (red)\n"
+    whose = "indexer selection" if src == layer else f"selection of layer {src}'s indexer (shared)"
+    ax.set_title(f"layer {layer}: dense attention (grey, log10, heads summed) and {whose} (red)\n"
                  f"top-k {K} = sinks {st.get('sink', 0)} + local {st.get('local')} + picks; {T} tokens")
     ax.set_xlabel("key position s")
     ax.set_ylabel("query position t")
@@ -84,5 +90,5 @@ def write_heatmap(gguf_path: Path, out: Path, text: Path | None, layer: int, n_t
     with atomic_output(Path(out)) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    return {"png": str(out), "layer": layer, "tokens": T, "top_k": K,
+    return {"png": str(out), "layer": layer, "indexer_layer": src, "tokens": T, "top_k": K,
             "mean_attention_mass_captured": float(captured[rows].mean())}
