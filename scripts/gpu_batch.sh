@@ -167,7 +167,7 @@ for s in ${STEPS:-}; do
   speed8b=*) SPEED_8B=only SPEED_CTX=${s#speed8b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
   bench1b=*|bench8b=*)
     f=$W/synth-1b-asq.gguf; [ "${s%%=*}" = bench8b ] && f=$W/synth-8b.gguf
-    [ -n "${BENCH_SHARE:-}" ] && f=${f%.gguf}; [ -n "${BENCH_SHARE:-}" ] && f=${f%-asq}-share$BENCH_SHARE.gguf
+    if [ -n "${BENCH_SHARE:-}" ]; then f=${f%.gguf}; f=${f%-asq}-share$BENCH_SHARE.gguf; fi
     args=$(echo "${s#*=}" | tr , ' ' | tr : ,); tag=$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
     timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" $args --gen 32 --flash-attn --n-gpu-layers 999 --force \
       --jsonl "$W/bench-$tag.jsonl" > "$R/bench-$tag.out" 2>&1; echo "rc $?"; cut -c1-500 "$W/bench-$tag.jsonl" ;;

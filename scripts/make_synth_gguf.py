@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_test_dsa_gguf import make_indexer_tensors  # noqa: E402
+from dsa_convert.dsa.config import indexer_types_every  # noqa: E402
 from dsa_convert.formats.hf_config import ModelSpec, RopeSpec  # noqa: E402
 
 from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
@@ -118,6 +119,7 @@ def plan(spec: ModelSpec, o: SynthOptions):
         out.append(PlannedTensor(name, (n,), QT.F32, lambda: np.ones(n, np.float32)))
 
     d, q, kv = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    full = indexer_types_every(spec.n_layer, o.index_share)
     mat("token_embd.weight", spec.vocab_size, d)
     for il in range(spec.n_layer):
         p = f"blk.{il}."
@@ -131,7 +133,7 @@ def plan(spec: ModelSpec, o: SynthOptions):
         mat(p + "ffn_up.weight", spec.n_ff, d)
         mat(p + "ffn_down.weight", d, spec.n_ff)
         for suffix, a in (make_indexer_tensors(rng, d, o.index_heads, o.index_dim, np.float16).items()
-                          if il % o.index_share == 0 else ()):
+                          if full[il] else ()):
             qt = QT.F16 if a.dtype == np.float16 else QT.F32
             out.append(PlannedTensor(p + suffix, a.shape, qt, (lambda a=a: a)))
         if o.asq:
@@ -204,7 +206,8 @@ def make(o: SynthOptions) -> dict:
             src = tmp.parent / (tmp.name + ".f16.gguf")
             try:
                 n = _write_f16(src, o, spec)
-                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16 for il in range(0, spec.n_layer, o.index_share)
+                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16
+                        for il, full in enumerate(indexer_types_every(spec.n_layer, o.index_share)) if full
                         for t in ("attn_q_b", "attn_k", "proj")}
                 _run_llama_quantize(src, tmp, FORMATS["q4_k_m"], keep, None, None)
             finally:

@@ -209,8 +209,6 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         resolved = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16",
                                      o.index_keys if m == "sparse" else None) for m in o.attn}
         top_k = g.get(f"{arch}.attention.indexer.top_k")
-        if top_k is not None:
-            g.indexer_types()             # FORMAT.md §4a checks: a clear error before llama.cpp's load failure
         n_idx = sum(1 for il in range(g.layer_count()) if g.has(f"blk.{il}.indexer.attn_k.weight"))
     finally:
         g.close()

@@ -49,9 +49,7 @@ def dsa_settings_from_gguf(model) -> dict:
         if model.has(f"blk.{il}.dsa.asq_k_proto"):
             protos[il] = (model.w(f"blk.{il}.dsa.asq_k_proto"), model.w(f"blk.{il}.dsa.asq_v_proto"))
     s["indexers"], s["asq_protos"] = idx, protos
-    types = g.indexer_types()
-    if types is not None:
-        s["indexer_types"] = types
+    s["indexer_types"] = g.indexer_types()
     return {k: v for k, v in s.items() if v is not None}
 
 

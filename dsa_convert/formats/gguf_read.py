@@ -237,10 +237,8 @@ class GgufFile:
         v = self.akey("attention.indexer.types")
         if v is None:
             return None
-        if not isinstance(v, list):
-            v = [v] * self.layer_count()    # llama.cpp also takes one scalar for every layer
-        t = [bool(x) for x in v]
         n = self.layer_count()
+        t = [bool(x) for x in v] if isinstance(v, list) else [bool(v)] * n   # llama.cpp also takes one scalar
         name = self.path.name
         if len(t) != n:
             raise BadInputError(f"{name}: attention.indexer.types has {len(t)} entries for {n} layers")

@@ -77,7 +77,7 @@ class DsaAttention:
         self.bits, self.key_space, self.rope_keys, self.seed = residual_bits, key_space, rope_keys, seed
         self.selected_fraction: list[float] = []    # mean |mask row| / (t+1), for reports
         self.indexer_types = list(indexer_types) if indexer_types is not None else None
-        if self.indexer_types is not None and self.indexer_types and not self.indexer_types[0]:
+        if self.indexer_types and not self.indexer_types[0]:
             raise ValueError("attention.indexer.types[0] must be full: a shared layer reuses an earlier full layer")
         self._full_mask: Tensor | None = None       # the last full layer's selection (this forward pass)
 
