@@ -57,6 +57,9 @@ def test_index_share_pattern_and_full_layer_lookup():
     assert indexer_types_every(4, 1) == [True] * 4
     with pytest.raises(BadInputError):
         full_layer_of([False, True], 0)
+    # a full layer without an indexer is dense and no source for the shared layers after it (FORMAT.md §4a)
+    assert full_layer_of([True, True, False], 2, sources={0}) == 0
+    assert full_layer_of([True, True, False], 1, sources={0}) == 1
 
 
 def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path):

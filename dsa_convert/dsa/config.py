@@ -109,12 +109,13 @@ def indexer_types_every(n_layer: int, share: int) -> list[bool]:
     return [il % share == 0 for il in range(n_layer)]
 
 
-def full_layer_of(types: list[bool] | None, il: int) -> int:
-    """The layer whose top-k layer ``il`` attends over: itself when full, else the last full layer before it."""
-    if types is None:
+def full_layer_of(types: list[bool] | None, il: int, sources=None) -> int:
+    """The layer whose top-k layer ``il`` attends over: itself when full, else the last full layer before it that
+    has an indexer (``sources``: the layers with one; a full layer without is dense and no source, FORMAT §4a)."""
+    if types is None or types[il]:
         return il
-    j = il
-    while j >= 0 and not types[j]:
+    j = il - 1
+    while j >= 0 and not (types[j] and (sources is None or j in sources)):
         j -= 1
     if j < 0:
         raise BadInputError(f"layer {il} is shared (attention.indexer.types) but no full indexer layer precedes it")
