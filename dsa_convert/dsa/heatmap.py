@@ -37,7 +37,8 @@ def write_heatmap(gguf_path: Path, out: Path, text: Path | None, layer: int, n_t
     st = dsa_settings_from_gguf(model)
     if not 0 <= layer < model.hp.n_layer:
         raise BadInputError(f"--layer {layer} is out of range (the model has {model.hp.n_layer} layers)")
-    src = full_layer_of(st.get("indexer_types"), layer, st.get("indexers", {}))   # a shared layer (FORMAT §4a) shows the picks it reuses
+    # a shared layer (FORMAT §4a) shows the picks it reuses
+    src = full_layer_of(st.get("indexer_types"), layer, st.get("indexers", {}))
     if src not in st.get("indexers", {}):
         raise BadInputError(f"{Path(gguf_path).name}: layer {layer} has no indexer (layers with one: "
                             f"{sorted(st.get('indexers', {})) or 'none'})")
