@@ -10,6 +10,9 @@ logits must be bit-identical to a run without the fork. This runs the file three
 alone (the default), and both forks; it compares the logits of every decode step with the run without forks. With
 LLAMA_DSA_STREAMS_LOG=1 the patch reports how many fork regions ran concurrently; that line is echoed, and a run with
 a fork on but no valid region fails (a PASS would say nothing).
+On a file with shared indexer layers (`{arch}.attention.indexer.types`, `dsa convert --index-share G`) the DSA fork
+also forks each shared layer's Q, K, V (LLAMA_DSA_STREAMS_SHARED, default 1): a run with it off must report fewer
+concurrent regions than the default, else the comparison says nothing about the shared layers' fork.
 A fourth run, with the DSA fork, folds the indexer key store into the decode indexer kernel (opt-in
 LLAMA_DSA_LID_KFOLD=1; the others store the keys with their own kernel before the indexer): the same arithmetic,
 so its logits must be bit-identical too; it must report the fold (LLAMA_DSA_LID_KFOLD_LOG=1), and the others must
@@ -82,20 +85,31 @@ def main() -> int:
         np.save(a.child, decode_logits(a))
         return 0
 
-    configs = {   # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT, LLAMA_DSA_LID_KFOLD, LLAMA_DSA_NORM_ROPE_EARLY)
-        "no fork": ("0", "0", "0", "0"),
-        "DSA fork (default)": ("1", "0", "0", "0"),
-        "DSA + upstream fork": ("1", "1", "0", "0"),
-        "DSA fork, key store folded": ("1", "0", "1", "0"),
-        "DSA fork, key norm early": ("1", "0", "0", "1"),
+    from dsa_convert.formats.gguf_read import GgufFile
+    g = GgufFile(Path(a.gguf))
+    try:
+        types = g.indexer_types()
+    finally:
+        g.close()
+    shared = types is not None and not all(types)
+    # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT, LLAMA_DSA_LID_KFOLD, LLAMA_DSA_NORM_ROPE_EARLY,
+    #        LLAMA_DSA_STREAMS_SHARED)
+    configs = {
+        "no fork": ("0", "0", "0", "0", "0"),
+        "DSA fork (default)": ("1", "0", "0", "0", "1"),
+        "DSA + upstream fork": ("1", "1", "0", "0", "1"),
+        "DSA fork, key store folded": ("1", "0", "1", "0", "1"),
+        "DSA fork, key norm early": ("1", "0", "0", "1", "1"),
     }
-    runs = {}
+    if shared:
+        configs["DSA fork, shared layers unforked"] = ("1", "0", "0", "0", "0")
+    runs, n_regions = {}, {}
     with tempfile.TemporaryDirectory(prefix="dsa-streams-") as td:
-        for i, (name, (dsa, opt, kfold, early)) in enumerate(configs.items()):
+        for i, (name, (dsa, opt, kfold, early, share)) in enumerate(configs.items()):
             out = Path(td) / f"run{i}.npy"
             env = dict(os.environ, LLAMA_DSA_STREAMS=dsa, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS_LOG="1",
                        LLAMA_DSA_LID_KFOLD=kfold, LLAMA_DSA_LID_KFOLD_LOG="1", LLAMA_DSA_NORM_ROPE_EARLY=early,
-                       LLAMA_DSA_NORM_ROPE_EARLY_LOG="1")
+                       LLAMA_DSA_NORM_ROPE_EARLY_LOG="1", LLAMA_DSA_STREAMS_SHARED=share)
             cmd = [sys.executable, __file__, a.gguf, "--prefill", str(a.prefill), "--decode", str(a.decode),
                    "--n-gpu-layers", str(a.n_gpu_layers), "--index-keys", a.index_keys, "--seed", str(a.seed),
                    "--kv", a.kv, "--child", str(out)]
@@ -104,7 +118,7 @@ def main() -> int:
             folded = any("key store folded" in ln for ln in p.stderr.splitlines())
             early_ran = any("in its early form" in ln for ln in p.stderr.splitlines())
             print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_LID_KFOLD={kfold} "
-                  f"LLAMA_DSA_NORM_ROPE_EARLY={early}): {regions[0] if regions else 'no concurrent regions reported'}; "
+                  f"LLAMA_DSA_NORM_ROPE_EARLY={early} LLAMA_DSA_STREAMS_SHARED={share}): {regions[0] if regions else 'no concurrent regions reported'}; "
                   f"key store {'folded into the indexer' if folded else 'its own kernel'}; "
                   f"key norm {'early form' if early_ran else 'plain form'}")
             if p.returncode != 0:
@@ -114,6 +128,7 @@ def main() -> int:
             if dsa == "1" and (m is None or int(m.group(1)) == 0):
                 print(f"[FAIL] the run '{name}' forked no region: it says nothing about concurrent streams")
                 return 1
+            n_regions[name] = int(m.group(1)) if m else 0
             if (kfold == "1") != folded:
                 print(f"[FAIL] the run '{name}' {'did not fold' if kfold == '1' else 'folded'} the key store: "
                       "the comparison says nothing about the fold")
@@ -123,6 +138,10 @@ def main() -> int:
                       "the comparison says nothing about it")
                 return 1
             runs[name] = np.load(out)
+    if shared and n_regions["DSA fork (default)"] <= n_regions["DSA fork, shared layers unforked"]:
+        print(f"[FAIL] the shared layers' fork forked no region ({n_regions['DSA fork (default)']} regions with it, "
+              f"{n_regions['DSA fork, shared layers unforked']} without): it says nothing about it")
+        return 1
     ok = True
     base = runs["no fork"]
     for name, arr in runs.items():

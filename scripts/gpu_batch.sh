@@ -155,6 +155,7 @@ for s in ${STEPS:-}; do
   synth8bg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-8b.gguf llama-3.1-8b" \
               > "$R/synth8b.out" 2>&1 &) ;;
   # the same shapes with an indexer every SHARE layers (default 4), the others reusing its top-k (FORMAT.md §4a)
+  # (every synth step needs the built llama-quantize for Q4_K_M: run it after `build`, never beside it; RESULTS §4z)
   synthsharebg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-1b-share${SHARE:-4}.gguf llama-3.2-1b \
               '--asq 64 --index-share ${SHARE:-4}'" > "$R/synth1b-share.out" 2>&1 &) ;;
   synth8sharebg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-8b-share${SHARE:-4}.gguf llama-3.1-8b \

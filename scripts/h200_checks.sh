@@ -234,11 +234,13 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     # concurrent CUDA streams (LLAMA_DSA_STREAMS, default 1: the indexer's branch on its own stream; with
     # GGML_CUDA_GRAPH_OPT=1 also upstream's fork) leave every decode's logits bit-identical, for the f16 and the ASQ
     # cache; a failure ends the script with its status, as decodecheck's does
+    # STREAMS_FILE: another 1B-shaped file, e.g. $WORK/synth-1b-share4.gguf (made by gpu_batch.sh's synthsharebg first:
+    # synth keeps an existing file), whose shared layers fork too (LLAMA_DSA_STREAMS_SHARED)
     f=${STREAMS_FILE:-$WORK/synth-1b-asq.gguf}
     synth "$f" llama-3.2-1b --asq 64
-    rc=0; : > "$WORK/streams.txt"
+    st="$WORK/streams-$(basename "$f" .gguf).txt"; rc=0; : > "$st"
     for kv in f16 asq; do
-      python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 --kv $kv | tee -a "$WORK/streams.txt"
+      python3 scripts/check_streams.py "$f" --prefill 2600 --decode 24 --kv $kv | tee -a "$st"
       [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     done
     [ $rc -eq 0 ] || exit $rc ;;
