@@ -118,7 +118,8 @@ def main() -> int:
             folded = any("key store folded" in ln for ln in p.stderr.splitlines())
             early_ran = any("in its early form" in ln for ln in p.stderr.splitlines())
             print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_LID_KFOLD={kfold} "
-                  f"LLAMA_DSA_NORM_ROPE_EARLY={early} LLAMA_DSA_STREAMS_SHARED={share}): {regions[0] if regions else 'no concurrent regions reported'}; "
+                  f"LLAMA_DSA_NORM_ROPE_EARLY={early} LLAMA_DSA_STREAMS_SHARED={share}): "
+                  f"{regions[0] if regions else 'no concurrent regions reported'}; "
                   f"key store {'folded into the indexer' if folded else 'its own kernel'}; "
                   f"key norm {'early form' if early_ran else 'plain form'}")
             if p.returncode != 0:

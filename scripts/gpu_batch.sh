@@ -132,6 +132,15 @@
 #   2 (warm): STEPS="synth8sharebg exp:RETRO_TAG=-share2 exp:RETRO_ARGS=--index-share,2 exp:TMAX=330 retrofit wait
 #            exp:DC_PREFILL=1100 exp:DSA_FILE=/tmp/w/ref-dsa-share2.gguf decodecheck exp:ASQ_ARGS=--kv,f16 exp:KV_TAG=-share2 asq"
 #   3 (warm): STEPS="exp:BENCH_SHARE=4 bench1b=--ctx,131072:65536:16384,--gen,34 bench8b=--ctx,65536:131072:16384,--gen,34 ..."
+# RESULTS section 4z's round (the shared layers' Q/K/V fork LLAMA_DSA_STREAMS_SHARED, default 1; =0 as the A/B variant):
+#   1 (cold): STEPS="exp:TMAX=545 build exp:SHARE=4 synthsharebg synth8sharebg wait exp:STREAMS_FILE=/tmp/w/synth-1b-share4.gguf
+#            exp:TMAX=260 streams" (the synth steps after the build: Q4_K_M needs its llama-quantize; that round ran them
+#            before it, they failed, and `streams` made a G = 1 file under the share4 name)
+#   2 (warm): STEPS="exp:BENCH_SHARE=4 bench1b=--ctx,131072:65536,--variant,LLAMA_DSA_STREAMS_SHARED=0,--gen,34
+#            bench8b=--ctx,131072:65536,--variant,LLAMA_DSA_STREAMS_SHARED=0,--gen,34" then plain sweeps
+# The next round (section 4z "Next"): a timeline of the G = 4 1B at 128K with and without the fork
+#   (exp:PROF_FILE=/tmp/w/synth-1b-share4.gguf exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 exp:TRACE_TAG=fork trace
+#   exp:TRACE_TAG=nofork exp:LLAMA_DSA_STREAMS_SHARED=0 trace), and five or more 1B sweeps at 128K (some with --cpus,4).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

@@ -98,6 +98,28 @@ def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path)
         write_heatmap(out, tmp_path / "h9.png", text, 9, n_tokens=128)
 
 
+def test_retrofit_runs_each_layer_forward_once_per_pass(tmp_path, monkeypatch):
+    """A group's shared layers are run once per pass: their q/k for the group target, their ASQ samples and the hidden
+    states the next group starts from come from the same forward (pass A with held-out chunks, pass B after the
+    calibrated split), and the last layer is not advanced (nothing reads its output)."""
+    from dsa_convert.dsa import retrofit
+    from dsa_convert.dsa.config import DsaConfig
+    from test_runtime_dsa import _calib_file
+
+    model = make_tiny_model(tmp_path / "m", "llama-llama3rope-tied-sharded", n_layer=5)
+    calls: list[int] = []
+    real = retrofit._advance
+    monkeypatch.setattr(retrofit, "_advance", lambda m, il, h, pos: (calls.append(il), real(m, il, h, pos))[1])
+    cfg = DsaConfig(top_k=48, index_heads=2, index_dim=16, rope_dim=8, cluster_num=4, calib=_calib_file(tmp_path),
+                    ctx=128, calib_chunks=2, split_chunks=1, steps=2, seed=0, index_share=2, device="cpu").validate()
+    res = retrofit.run_retrofit(model, cfg)
+    assert res.report["split_source"] == "calibrated"
+    assert calls == [0, 1, 2, 3] * 2          # pass A, then pass B: layers 0-3 once each, layer 4 never
+    assert sorted(res.report["layers"]) == [0, 2, 4] and all("heldout_kl_dense_phase" in res.report["layers"][il]
+                                                           for il in (0, 2, 4))
+    assert sorted(res.report["asq"]["layers"]) == [0, 1, 2, 3, 4]
+
+
 def test_group_target_is_the_mean_of_the_layers_targets():
     from dsa_convert.dsa.indexer_train import LayerCalib, dense_target
 

@@ -9,7 +9,8 @@ With ``cfg.index_share`` G > 1 only layers 0, G, 2G, ... get an indexer, trained
 their group (the layer and the shared layers after it, FORMAT §4a); the others reuse its top-k.
 
 The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
-at a time over all calibration chunks; the hidden states and the current layer's x/q/k stay on the
+at a time over all calibration chunks, each layer once per pass (a group's shared layers in the same
+forward that collects their q/k); the hidden states and the current group's x/q/k stay on the
 training device (on a GPU this avoids a host-to-device copy per training step). K prototypes are in
 the GGUF's head layout (llama q/k rows are permuted to GGML's interleaved RoPE), as the llama.cpp KV
 cache holds them.
@@ -136,18 +137,36 @@ def _advance(model, il: int, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor
         return torch.stack([model.layer(il, hh.to(model.device), pos) for hh in h])
 
 
-def _group_calib(model, il: int, h: torch.Tensor, pos: torch.Tensor, types: list[bool],
-                 sampler: AsqSampler | None) -> LayerCalib:
-    """Layer il's calibration data plus the (q, k) of the shared layers after it (they distil into its indexer)."""
-    x, q, k = _layer_data(model, il, h, pos, sampler)
-    data = LayerCalib(x, q, k, model.hp.kq_scale)
-    hj, j = h, il + 1
+def _group_end(types: list[bool], il: int) -> int:
+    """One past the last layer of full layer il's group (il and the shared layers after it, FORMAT.md §4a)."""
+    j = il + 1
     while j < len(types) and not types[j]:
-        hj = _advance(model, j - 1, hj, pos)
-        _, qj, kj = _layer_data(model, j, hj, pos, None)
-        data.members.append((qj, kj))
         j += 1
-    return data
+    return j
+
+
+def _group_pass(model, il: int, end: int, h: torch.Tensor, pos: torch.Tensor, n_train: int,
+                samplers: dict[int, AsqSampler]) -> tuple[LayerCalib, LayerCalib | None, torch.Tensor]:
+    """Layers il .. end - 1 (full layer il and its shared layers) in one forward over the chunks of h: the calibration
+    data of the first n_train chunks (layer il's x, q, k; the shared layers' q, k as members: they distil into il's
+    indexer), of the other chunks when h has more (held-out; else None), ASQ samples of the first n_train chunks
+    (samplers: layer -> AsqSampler) and h advanced past the group (not past the model's last layer: nothing reads it).
+    Each layer's forward runs once."""
+    train = held = None
+    for j in range(il, end):
+        x, q, k = _layer_data(model, j, h[:n_train], pos, samplers.get(j))
+        hx = _layer_data(model, j, h[n_train:], pos, None) if h.shape[0] > n_train else None
+        if j == il:
+            train = LayerCalib(x, q, k, model.hp.kq_scale)
+            held = LayerCalib(*hx, model.hp.kq_scale) if hx is not None else None
+        else:
+            train.members.append((q, k))
+            if held is not None:
+                held.members.append(hx[1:])
+        del x, hx
+        if j + 1 < model.hp.n_layer:
+            h = _advance(model, j, h, pos)
+    return train, held, h
 
 
 def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn] = None, model=None) -> DsaResult:
@@ -188,31 +207,30 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     emit({"stage": "calib_forward", "chunks": n_train + n_held, "ctx": ctx})
     h = torch.stack([model.embed(t) for t in tokens])
     t_asq = 0.0
-    for il in range(hp.n_layer):
-        sampler = AsqSampler(per_chunk, cfg.seed + il) if cfg.cluster_num is not None else None
-        if types[il]:
-            data = _group_calib(model, il, h[:n_train], pos, types, sampler)
-            w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
-                             cfg.seed + il)
-            w = train_layer(data, w, steps=cfg.steps, phase="dense", **kw(il))
-            if user_split:
-                w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
-            indexers[il] = w
-            if n_held:
-                rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(
-                    _group_calib(model, il, h[n_train:], pos, types, None), w, cfg.top_k, device=dev)["kl"]
-            del data
-        elif sampler is not None:
-            _layer_data(model, il, h[:n_train], pos, sampler)   # ASQ samples only: a shared layer has no indexer
-        if sampler is not None:
-            emit({"stage": "asq_fit", "layer": il})
+    il = 0
+    while il < hp.n_layer:   # one group per step: a full layer and the shared layers after it (types[0] is full)
+        end = _group_end(types, il)
+        samplers = {j: AsqSampler(per_chunk, cfg.seed + j) for j in range(il, end)} if cfg.cluster_num is not None \
+            else {}
+        data, held, h = _group_pass(model, il, end, h, pos, n_train, samplers)
+        w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
+                         cfg.seed + il)
+        w = train_layer(data, w, steps=cfg.steps, phase="dense", **kw(il))
+        if user_split:
+            w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
+        indexers[il] = w
+        if held is not None:
+            rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(held, w, cfg.top_k, device=dev)["kl"]
+        del data, held
+        for j, sampler in samplers.items():
+            emit({"stage": "asq_fit", "layer": j})
             t0 = time.time()
             spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
             rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
             asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
-                                        cfg.seed + il, spaces=spaces))
+                                        cfg.seed + j, spaces=spaces))
             t_asq += time.time() - t0
-        h = _advance(model, il, h, pos)
+        il = end
     del h
     rep["stage_seconds"] = {"pass_a": time.time() - t_start, "asq_fit": t_asq}
 
@@ -229,12 +247,14 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         if sparse_steps > 0:
             t0 = time.time()
             h = torch.stack([model.embed(t) for t in tokens[:n_train]])
-            for il in range(hp.n_layer):
-                if types[il]:
-                    indexers[il] = train_layer(_group_calib(model, il, h, pos, types, None), indexers[il],
-                                               steps=sparse_steps, phase="sparse", sink=sink, local=local, **kw(il))
-                if il + 1 < hp.n_layer:
-                    h = _advance(model, il, h, pos)
+            il = 0
+            while il < hp.n_layer:
+                end = _group_end(types, il)
+                data, _, h = _group_pass(model, il, end, h, pos, n_train, {})
+                indexers[il] = train_layer(data, indexers[il], steps=sparse_steps, phase="sparse", sink=sink,
+                                           local=local, **kw(il))
+                del data
+                il = end
             del h
             rep["stage_seconds"]["sparse_phase"] = time.time() - t0
     rep["sink"], rep["local"], rep["split_source"] = sink, local, split_source
