@@ -169,7 +169,8 @@ for s in ${STEPS:-}; do
               '--asq 64 --index-share ${SHARE:-4}'" > "$R/synth1b-share.out" 2>&1 &) ;;
   synth8sharebg) (timeout "$(rem 300)" bash -c "$(declare -f synth); synth $W/synth-8b-share${SHARE:-4}.gguf llama-3.1-8b \
               '--index-share ${SHARE:-4}'" > "$R/synth8b-share.out" 2>&1 &) ;;
-  wait) while pgrep -f make_synth_gguf > /dev/null; do sleep 2; done ;;
+  wait) while pgrep -f make_synth_gguf > /dev/null; do sleep 2; done
+        for o in "$R"/synth*.out; do [ -s "$o" ] && { echo "$(basename "$o"):"; tail -2 "$o"; }; done ;;
   bg:*) timeout "$(rem 300)" $H "${s#bg:}" > "$R/${s#bg:}.out" 2>&1 & ;;
   waitbg) wait ;;
   exp:*) v=$(echo "${s#exp:}" | tr , ' '); export "$v" ;;

@@ -82,7 +82,12 @@ CALIB=$SHARED/data/calib/books-calib.txt
 dsa() { python3 -m dsa_convert.cli "$@"; }
 stamp() { echo "== $(date -u +%FT%TZ) $*"; }
 # a synthetic Q4_K_M file of a model shape (scripts/make_synth_gguf.py) unless it exists: synth FILE SHAPE [OPTIONS]
-synth() { [ -f "$1" ] || python3 scripts/make_synth_gguf.py "$1" --shape "$2" --outtype q4_k_m --quiet "${@:3}"; }
+# a name with -shareG (gpu_batch.sh's synthsharebg files) gets --index-share G, so a step that makes a missing file
+# never writes a G = 1 file under a shared file's name (RESULTS §4z's first call did)
+synth() {
+  local share=""; [[ $(basename "$1") =~ -share([0-9]+) ]] && share="--index-share ${BASH_REMATCH[1]}"
+  [ -f "$1" ] || python3 scripts/make_synth_gguf.py "$1" --shape "$2" --outtype q4_k_m --quiet "${@:3}" $share
+}
 # one scripts/cuda/run_cuda_check.sh check: its log in $WORK/NAME_check.log, the last LINES lines shown, its status
 cuda_check() {
   local rc=0
