@@ -5,7 +5,7 @@ The patch forks each sparse DSA layer's single-token graph at `attn_norm` into c
 the lightning indexer's branch (merged projection, key LayerNorm, RoPE, key store, indexer, top-k), joined at the
 sparse attention op (`LLAMA_DSA_STREAMS`, default 1; upstream's `GGML_CUDA_GRAPH_OPT=1` adds its own 3-branch fork of
 dense layers; docs/PATCH.md). The kernels and their inputs are the same as on one stream, so every decoded token's
-logits must be bit-identical to a run without the fork. This runs the file three times, each in a process of its own
+logits must be bit-identical to a run without the fork. This runs the file several times, each in a process of its own
 (the switches are read once per process) with the same random prompt and decode tokens: both forks off, the DSA fork
 alone (the default), and both forks; it compares the logits of every decode step with the run without forks. With
 LLAMA_DSA_STREAMS_LOG=1 the patch reports how many fork regions ran concurrently; that line is echoed, and a run with
