@@ -137,12 +137,11 @@ def _advance(model, il: int, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor
         return torch.stack([model.layer(il, hh.to(model.device), pos) for hh in h])
 
 
-def _group_end(types: list[bool], il: int) -> int:
-    """One past the last layer of full layer il's group (il and the shared layers after it, FORMAT.md §4a)."""
-    j = il + 1
-    while j < len(types) and not types[j]:
-        j += 1
-    return j
+def _groups(types: list[bool]):
+    """(il, end) per group, in layer order: full layer il and the shared layers il + 1 .. end - 1 after it (FORMAT.md
+    §4a; types[0] is full, so every layer is in one group)."""
+    starts = [il for il, full in enumerate(types) if full] + [len(types)]
+    return zip(starts, starts[1:])
 
 
 def _group_pass(model, il: int, end: int, h: torch.Tensor, pos: torch.Tensor, n_train: int,
@@ -207,9 +206,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     emit({"stage": "calib_forward", "chunks": n_train + n_held, "ctx": ctx})
     h = torch.stack([model.embed(t) for t in tokens])
     t_asq = 0.0
-    il = 0
-    while il < hp.n_layer:   # one group per step: a full layer and the shared layers after it (types[0] is full)
-        end = _group_end(types, il)
+    spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
+    rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
+    for il, end in _groups(types):
         samplers = {j: AsqSampler(per_chunk, cfg.seed + j) for j in range(il, end)} if cfg.cluster_num is not None \
             else {}
         data, held, h = _group_pass(model, il, end, h, pos, n_train, samplers)
@@ -225,12 +224,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         for j, sampler in samplers.items():
             emit({"stage": "asq_fit", "layer": j})
             t0 = time.time()
-            spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
-            rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
             asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
                                         cfg.seed + j, spaces=spaces))
             t_asq += time.time() - t0
-        il = end
     del h
     rep["stage_seconds"] = {"pass_a": time.time() - t_start, "asq_fit": t_asq}
 
@@ -247,14 +243,11 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         if sparse_steps > 0:
             t0 = time.time()
             h = torch.stack([model.embed(t) for t in tokens[:n_train]])
-            il = 0
-            while il < hp.n_layer:
-                end = _group_end(types, il)
+            for il, end in _groups(types):
                 data, _, h = _group_pass(model, il, end, h, pos, n_train, {})
                 indexers[il] = train_layer(data, indexers[il], steps=sparse_steps, phase="sparse", sink=sink,
                                            local=local, **kw(il))
                 del data
-                il = end
             del h
             rep["stage_seconds"]["sparse_phase"] = time.time() - t0
     rep["sink"], rep["local"], rep["split_source"] = sink, local, split_source
