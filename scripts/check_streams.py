@@ -12,7 +12,9 @@ LLAMA_DSA_STREAMS_LOG=1 the patch reports how many fork regions ran concurrently
 a fork on but no valid region fails (a PASS would say nothing).
 On a file with shared indexer layers (`{arch}.attention.indexer.types`, `dsa convert --index-share G`) the DSA fork
 also forks each shared layer's Q, K, V (LLAMA_DSA_STREAMS_SHARED, default 1): a run with it off must report fewer
-concurrent regions than the default, else the comparison says nothing about the shared layers' fork.
+concurrent regions than the default, else the comparison says nothing about the shared layers' fork; and a run
+with their L2 prefetch of the picks (opt-in LLAMA_DSA_SATTN_PREFETCH=1, a 4th branch of their fork that only warms L2)
+must be bit-identical too.
 A fourth run, with the DSA fork, folds the indexer key store into the decode indexer kernel (opt-in
 LLAMA_DSA_LID_KFOLD=1; the others store the keys with their own kernel before the indexer): the same arithmetic,
 so its logits must be bit-identical too; it must report the fold (LLAMA_DSA_LID_KFOLD_LOG=1), and the others must
@@ -93,23 +95,25 @@ def main() -> int:
         g.close()
     shared = types is not None and not all(types)
     # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT, LLAMA_DSA_LID_KFOLD, LLAMA_DSA_NORM_ROPE_EARLY,
-    #        LLAMA_DSA_STREAMS_SHARED)
+    #        LLAMA_DSA_STREAMS_SHARED, LLAMA_DSA_SATTN_PREFETCH)
     configs = {
-        "no fork": ("0", "0", "0", "0", "0"),
-        "DSA fork (default)": ("1", "0", "0", "0", "1"),
-        "DSA + upstream fork": ("1", "1", "0", "0", "1"),
-        "DSA fork, key store folded": ("1", "0", "1", "0", "1"),
-        "DSA fork, key norm early": ("1", "0", "0", "1", "1"),
+        "no fork": ("0", "0", "0", "0", "0", "0"),
+        "DSA fork (default)": ("1", "0", "0", "0", "1", "0"),
+        "DSA + upstream fork": ("1", "1", "0", "0", "1", "0"),
+        "DSA fork, key store folded": ("1", "0", "1", "0", "1", "0"),
+        "DSA fork, key norm early": ("1", "0", "0", "1", "1", "0"),
     }
     if shared:
-        configs["DSA fork, shared layers unforked"] = ("1", "0", "0", "0", "0")
+        configs["DSA fork, shared layers unforked"] = ("1", "0", "0", "0", "0", "0")
+        # the shared layers' L2 prefetch of their picks (opt-in; a 4th branch beside Q, K, V): same arithmetic
+        configs["DSA fork, prefetch"] = ("1", "0", "0", "0", "1", "1")
     runs, n_regions = {}, {}
     with tempfile.TemporaryDirectory(prefix="dsa-streams-") as td:
-        for i, (name, (dsa, opt, kfold, early, share)) in enumerate(configs.items()):
+        for i, (name, (dsa, opt, kfold, early, share, pf)) in enumerate(configs.items()):
             out = Path(td) / f"run{i}.npy"
             env = dict(os.environ, LLAMA_DSA_STREAMS=dsa, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS_LOG="1",
                        LLAMA_DSA_LID_KFOLD=kfold, LLAMA_DSA_LID_KFOLD_LOG="1", LLAMA_DSA_NORM_ROPE_EARLY=early,
-                       LLAMA_DSA_NORM_ROPE_EARLY_LOG="1", LLAMA_DSA_STREAMS_SHARED=share)
+                       LLAMA_DSA_NORM_ROPE_EARLY_LOG="1", LLAMA_DSA_STREAMS_SHARED=share, LLAMA_DSA_SATTN_PREFETCH=pf)
             cmd = [sys.executable, __file__, a.gguf, "--prefill", str(a.prefill), "--decode", str(a.decode),
                    "--n-gpu-layers", str(a.n_gpu_layers), "--index-keys", a.index_keys, "--seed", str(a.seed),
                    "--kv", a.kv, "--child", str(out)]
@@ -118,7 +122,7 @@ def main() -> int:
             folded = any("key store folded" in ln for ln in p.stderr.splitlines())
             early_ran = any("in its early form" in ln for ln in p.stderr.splitlines())
             print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_LID_KFOLD={kfold} "
-                  f"LLAMA_DSA_NORM_ROPE_EARLY={early} LLAMA_DSA_STREAMS_SHARED={share}): "
+                  f"LLAMA_DSA_NORM_ROPE_EARLY={early} LLAMA_DSA_STREAMS_SHARED={share} LLAMA_DSA_SATTN_PREFETCH={pf}): "
                   f"{regions[0] if regions else 'no concurrent regions reported'}; "
                   f"key store {'folded into the indexer' if folded else 'its own kernel'}; "
                   f"key norm {'early form' if early_ran else 'plain form'}")

@@ -138,9 +138,15 @@
 #            before it, they failed, and `streams` made a G = 1 file under the share4 name)
 #   2 (warm): STEPS="exp:BENCH_SHARE=4 bench1b=--ctx,131072:65536,--variant,LLAMA_DSA_STREAMS_SHARED=0,--gen,34
 #            bench8b=--ctx,131072:65536,--variant,LLAMA_DSA_STREAMS_SHARED=0,--gen,34" then plain sweeps
-# The next round (section 4z "Next"): a timeline of the G = 4 1B at 128K with and without the fork
-#   (exp:PROF_FILE=/tmp/w/synth-1b-share4.gguf exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 exp:TRACE_TAG=fork trace
-#   exp:TRACE_TAG=nofork exp:LLAMA_DSA_STREAMS_SHARED=0 trace), and five or more 1B sweeps at 128K (some with --cpus,4).
+# RESULTS section 4aa's round (the opt-in split merge LLAMA_DSA_SATTN_MERGE and L2 prefetch LLAMA_DSA_SATTN_PREFETCH,
+#   then the build's defaults; both measured slower; eight 1B sweeps at 128K with both off):
+#   1 (cold): (bash scripts/cuda/run_cuda_check.sh sattn $OUT/sattn > $OUT/sattn.log 2>&1 &); STEPS="bg:retrofit
+#            exp:TMAX=545 build exp:TMAX=300 exp:SHARE=4 synthsharebg synth8sharebg waitbg wait" (the check's timings
+#            beside the build and the retrofit are disturbed: run its binary again alone on a warm machine)
+#   2-4 (warm): streams (STREAMS_FILE=/tmp/w/synth-1b-share4.gguf), decodecheck, `trace` with TRACE_TAG per switch
+#            setting (each ~22 s warm), bench1b=--ctx,131072,... sweeps (~42 s each with the dense row)
+# Next: with issue 6's goals met on the G = 4 files, what sharing costs in quality at long context needs a long-context
+#   checkpoint (none is at hand); the G = 1 (indexer per layer) path is still ≈ 1.5× / 2.1× at 64K / 128K (section 4x).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

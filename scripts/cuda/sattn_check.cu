@@ -171,8 +171,15 @@ static bool run_case(const Case & c, bool timing) {
     const bool sf = fp32 && dsa_sattn_sf_applies(p, D, sizeof(T));
     dsa_sattn_params p_sf = p;
     p_sf.score_first = true;
+    // and its merge form (LLAMA_DSA_SATTN_MERGE, the patch's default): the last block of each (KV head, token) merges
+    // the splits, no combine kernel; the counters must be zero before the first call and are left zero by each
+    unsigned int * tickets; CK(cudaMalloc(&tickets, (size_t) n_tok*nhk*sizeof(unsigned int)));
+    CK(cudaMemset(tickets, 0, (size_t) n_tok*nhk*sizeof(unsigned int)));
+    dsa_sattn_params p_mg = p_sf;
+    p_mg.tickets = tickets;
     auto launch    = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
     auto launch_sf = [&]() { return dsa_sattn_launch<T>(p_sf, D, n_split_sf, scratch, 0); };
+    auto launch_mg = [&]() { return dsa_sattn_launch<T>(p_mg, D, n_split_sf, scratch, 0); };
     auto all_masked = [&](int r) { return n_tok > 1 && r / nh == 1; }; // token 1: every pick masked
     double worst = 0;
     if (fp32) {
@@ -187,6 +194,15 @@ static bool run_case(const Case & c, bool timing) {
         CK(cudaDeviceSynchronize());
         worst_sf = max_row_err(dd, ref, D, all_masked);
     }
+    double worst_mg = 0;
+    if (sf) { // twice: the second call finds the counters the first left
+        for (int rep = 0; rep < 2; ++rep) {
+            CK(cudaMemset(dd, 0xff, ref.size()*4));
+            CK(launch_mg());
+            CK(cudaDeviceSynchronize());
+            worst_mg = std::max(worst_mg, max_row_err(dd, ref, D, all_masked));
+        }
+    }
     // the tensor-core kernel (F16 rows) where it applies, and its split form (LLAMA_DSA_SATTN_TC_SPLIT=4)
     const bool tc = std::is_same<T, half>::value && dsa_sattn_tc_applies(p, D, 1);
     auto launch_tc  = [&] { CK(dsa_sattn_tc_launch(p, D, 0)); };
@@ -200,11 +216,12 @@ static bool run_case(const Case & c, bool timing) {
     const double worst_tc  = tc ? tc_err(launch_tc) : 0.0;
     const double worst_tc4 = tc ? tc_err(launch_tc4) : 0.0;
     const bool ok = worst < 2e-5 && std::isfinite(worst) && worst_sf < 2e-5 && std::isfinite(worst_sf) &&
+                    worst_mg < 2e-5 && std::isfinite(worst_mg) &&
                     worst_tc < 2e-3 && std::isfinite(worst_tc) && worst_tc4 < 2e-3 && std::isfinite(worst_tc4);
     printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e", c.name, D, nh,
            nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split, worst);
     if (sf) {
-        printf(" | score-first split %2d: %.2e", n_split_sf, worst_sf);
+        printf(" | score-first split %2d: %.2e, merged in-kernel: %.2e", n_split_sf, worst_sf, worst_mg);
     }
     if (tc) {
         printf(" | tensor cores: %.2e, split 4: %.2e", worst_tc, worst_tc4);
@@ -219,6 +236,18 @@ static bool run_case(const Case & c, bool timing) {
         if (sf) {
             printf(" | score-first %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(launch_sf()); }),
                    time_us_cold(0, 2, 50, [&] { CK(launch_sf()); }));
+            printf(" | merged %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(launch_mg()); }),
+                   time_us_cold(0, 2, 50, [&] { CK(launch_mg()); }));
+            // the prefetch form (a shared layer's picks prefetched into L2 beside its Q/K/V): after the flush, the
+            // prefetch kernel and 20 us of waiting (its lines land), then the merged call; and the prefetch alone
+            dsa_sattn_prefetch_params pp = {};
+            pp.k = (const char *) dk; pp.v = (const char *) dv; pp.idx = di; pp.out = dd;
+            pp.k_row = pp.v_row = cell*sizeof(T); pp.k_strm = pp.v_strm = (size_t) c.n_kv*cell*sizeof(T);
+            pp.n_pick = c.n_top*c.n_tps; pp.n_strm = c.n_strm; pp.n_kv = c.n_kv;
+            auto prefetch = [&] { CK(dsa_sattn_prefetch_launch(pp, 0)); CK(cudaDeviceSynchronize()); check_spin_us(20.0); };
+            printf(" | after prefetch %.2f us (prefetch alone %.2f us)",
+                   time_us_cold(0, 2, 50, [&] { CK(launch_mg()); }, prefetch),
+                   time_us_cold(0, 2, 50, [&] { CK(dsa_sattn_prefetch_launch(pp, 0)); }));
         }
         if (tc) {
             printf(" | tensor cores %.2f us, L2 cold %.2f us", time_us(0, 20, 200, launch_tc),
@@ -228,7 +257,7 @@ static bool run_case(const Case & c, bool timing) {
         }
     }
     printf("\n");
-    for (void * ptr : {(void *) dq, (void *) dk, (void *) dv, dm, (void *) di, (void *) dd, scratch}) cudaFree(ptr);
+    for (void * ptr : {(void *) dq, (void *) dk, (void *) dv, dm, (void *) di, (void *) dd, scratch, (void *) tickets}) cudaFree(ptr);
     return ok;
 }
 
