@@ -145,8 +145,10 @@
 #            beside the build and the retrofit are disturbed: run its binary again alone on a warm machine)
 #   2-4 (warm): streams (STREAMS_FILE=/tmp/w/synth-1b-share4.gguf), decodecheck, `trace` with TRACE_TAG per switch
 #            setting (each ~22 s warm), bench1b=--ctx,131072,... sweeps (~42 s each with the dense row)
-# Next: with issue 6's goals met on the G = 4 files, what sharing costs in quality at long context needs a long-context
-#   checkpoint (none is at hand); the G = 1 (indexer per layer) path is still ≈ 1.5× / 2.1× at 64K / 128K (section 4x).
+# Next (section 4aa "Not resolved"): issue 6's ratios are met on the G = 4 files, which cost +11.4 pp PPL against G = 1
+#   at a 6 % budget on the reference model; measure the G = 2 files' speed (exp:SHARE=2 synthsharebg synth8sharebg
+#   wait exp:BENCH_SHARE=2 bench1b=--ctx,131072:65536 bench8b=--ctx,131072:65536), and take the G = 1 path's per-layer
+#   top-k (≈ 15 µs at 128K) and decode indexer (≈ 8 µs, ≈ 45 % of bandwidth) further; G = 1 is ≈ 1.5× / 2.1× (4x).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
