@@ -11,6 +11,9 @@
 // 4 / 8 bits, and the 1B / 8B decode shapes' timing.
 // The score-first kernel (dsa_sattn_partial_sf, the patch's default where it applies) runs beside the two-pass one
 // wherever it applies (F16/F32 rows of <= 256 bytes, GQA 1/2/4/8), on the same inputs, bounds and timings.
+// Its opt-in merge form (LLAMA_DSA_SATTN_MERGE=1: the last block of each (KV head, token) merges the splits) beside
+// it, twice per case (the second call finds the counters the first left); the opt-in L2 prefetch of the picks
+// (LLAMA_DSA_SATTN_PREFETCH=1, dsa_sattn_prefetch) is timed before a cold merged call.
 // The tensor-core kernel (dsa_sattn_tc_kernel, dsa-sparse-attn-tc.cuh: the patch's prefill-ubatch kernel) runs beside
 // them on every F16 case it applies to (D 64 / 128, GQA <= 16), bound 2e-3 (F16 q and softmax weights, as flash
 // attention), and is timed on 512-token ubatches of 16K / 64K / 128K cells (1B shape) and 64K (8B shape); its split
@@ -171,7 +174,7 @@ static bool run_case(const Case & c, bool timing) {
     const bool sf = fp32 && dsa_sattn_sf_applies(p, D, sizeof(T));
     dsa_sattn_params p_sf = p;
     p_sf.score_first = true;
-    // and its merge form (LLAMA_DSA_SATTN_MERGE, the patch's default): the last block of each (KV head, token) merges
+    // and its merge form (opt-in LLAMA_DSA_SATTN_MERGE=1): the last block of each (KV head, token) merges
     // the splits, no combine kernel; the counters must be zero before the first call and are left zero by each
     unsigned int * tickets; CK(cudaMalloc(&tickets, (size_t) n_tok*nhk*sizeof(unsigned int)));
     CK(cudaMemset(tickets, 0, (size_t) n_tok*nhk*sizeof(unsigned int)));
