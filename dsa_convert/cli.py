@@ -101,6 +101,9 @@ def convert(
     index_dim: Optional[int] = typer.Option(None, help="indexer head dim D"),
     index_share: Optional[int] = typer.Option(None, help="an indexer every G layers; the layers between reuse its "
                                               "top-k (attention.indexer.types; default 1: every layer)"),
+    index_place: Optional[str] = typer.Option(None, help="with --index-share G: search (default: train every layer's "
+                                              "indexer, keep the n/G that held-out calibration NLL needs most) | "
+                                              "every (layers 0, G, 2G, ...)"),
     sink: Optional[int] = typer.Option(None, help="always-attended first tokens"),
     local: Optional[int] = typer.Option(None, help="local window; omitted = chosen by calibration"),
     select: Optional[str] = typer.Option(None, help="token | block"),
@@ -117,7 +120,7 @@ def convert(
     from .convert import ConvertOptions, convert as run
 
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
-                    index_share=index_share, sink=sink, local=local, select=select, block_size=block_size,
+                    index_share=index_share, index_place=index_place, sink=sink, local=local, select=select, block_size=block_size,
                     residual_bits=residual_bits,
                     calib=calib, steps=steps)
     wants_dsa = any(v is not None for v in dsa_opts.values())

@@ -51,6 +51,8 @@ def main() -> None:
                     help="calibration ctx of the retrofit (default: each point's ctx; `dsa convert` uses 2048)")
     ap.add_argument("--index-share", default="1", help="G values (comma list): an indexer every G layers, the layers "
                     "between reuse its top-k (FORMAT.md §4a); one retrofit per point and G")
+    ap.add_argument("--index-place", default="search", choices=("search", "every"),
+                    help="which layers keep an indexer when G > 1 (DsaConfig.index_place)")
     ap.add_argument("--sink", type=int, default=None)
     ap.add_argument("--local", type=int, default=None)
     ap.add_argument("--asq", default="16,32,64", help="cluster counts for the KV table ('' = skip)")
@@ -90,11 +92,12 @@ def main() -> None:
                             calib_chunks=a.calib_chunks, split_chunks=a.split_chunks, steps=a.steps,
                             sparse_steps=a.sparse_steps, query_rows=a.query_rows, rope_dim=a.rope_dim,
                             index_heads=a.index_heads, sparse_target=a.sparse_target, cluster_num=None, device=dev,
-                            seed=a.seed, index_share=G)
+                            seed=a.seed, index_share=G, index_place=a.index_place)
             t0 = time.time()
             res = run_retrofit(a.model, cfg, progress=lambda d: log(d) if d["stage"] in ("split", "done") else None,
                                model=model)
             out["retrofits"].append({"ctx": ctx, "train_ctx": a.train_ctx or ctx, "budget": K, "index_share": G,
+                                     "index_place": a.index_place if G > 1 else None,
                                      "seconds": time.time() - t0, "report": res.report})
             S, L = res.report["sink"], res.report["local"]
             log(f"ctx {ctx} K {K} G {G}: split S={S} L={L} in {time.time() - t0:.0f}s")
@@ -102,7 +105,8 @@ def main() -> None:
                 if m == "dense" or (m != "sparse" and gi > 0):   # the baselines do not depend on G
                     continue
                 r = ppl(ctx, attn=m, kv="f16", dsa=res)
-                r.update(budget=K, index_share=G, delta_pct=100 * (r["ppl"] / dense[ctx]["ppl"] - 1))
+                r.update(budget=K, index_share=G, index_place=a.index_place if G > 1 else None,
+                         full_layers=res.report.get("placement", {}).get("full_layers"), delta_pct=100 * (r["ppl"] / dense[ctx]["ppl"] - 1))
                 out["quality"].append(r)
                 log(f"  G {G} {m:7s} ppl {r['ppl']:.3f} ({r['delta_pct']:+.2f}%) sink {r['sink']} local {r['local']}")
                 save()

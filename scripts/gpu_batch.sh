@@ -145,10 +145,15 @@
 #            beside the build and the retrofit are disturbed: run its binary again alone on a warm machine)
 #   2-4 (warm): streams (STREAMS_FILE=/tmp/w/synth-1b-share4.gguf), decodecheck, `trace` with TRACE_TAG per switch
 #            setting (each ~22 s warm), bench1b=--ctx,131072,... sweeps (~42 s each with the dense row)
-# Next (section 4aa "Not resolved"): issue 6's ratios are met on the G = 4 files, which cost +11.4 pp PPL against G = 1
-#   at a 6 % budget on the reference model; measure the G = 2 files' speed (exp:SHARE=2 synthsharebg synth8sharebg
-#   wait exp:BENCH_SHARE=2 bench1b=--ctx,131072:65536 bench8b=--ctx,131072:65536), and take the G = 1 path's per-layer
-#   top-k (≈ 15 µs at 128K) and decode indexer (≈ 8 µs, ≈ 45 % of bandwidth) further; G = 1 is ≈ 1.5× / 2.1× (4x).
+# RESULTS section 4ab's round (the G = 2 files; G = 1 and G = 4 sweeps beside them):
+#   2 (cold): STEPS="exp:TMAX=545 build exp:TMAX=300 exp:SHARE=2 synthsharebg synth8sharebg synthbg wait"
+#   3-6 (warm): STEPS="exp:BENCH_SHARE=2 bench1b=--ctx,131072:65536,--gen,34 bench8b=--ctx,131072:65536,--gen,34 ..."
+#            (BENCH_SHARE= empty: the G = 1 file; a distinct --gen per sweep keeps each sweep's jsonl apart)
+# Next (section 4ab "Not resolved"): with the searched layout (--index-place search) G = 2 costs +0.13 pp PPL against
+#   G = 1 on the reference model at a 6 % budget, and meets every ratio except the 1B at 128K (median 2.51, 4 of 8
+#   sweeps >= 2.5): about 40 us off a G = 2 1B token at 128K (1,310 us GPU span) would settle it. Candidates: the
+#   memset node and its gaps before each of the 8 selects (about 2.5 us each, section 4x), layer 0's 5-kernel
+#   visibility-mask chain (about 5 us), the select itself (15.8 us per full layer at 128K).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index-share", type=int, default=1,
                     help="G > 1: indexers on layers 0, G, 2G, ... only; the others reuse the top-k of the last one "
                          "before them ({arch}.attention.indexer.types, FORMAT.md section 4a; needs --layers all)")
+    ap.add_argument("--full-layers", default=None,
+                    help="e.g. '0,1,4': indexers on these layers only (layer 0 among them), every other layer reusing "
+                         "the top-k of the last full one before it (the layouts `dsa convert --index-place search` "
+                         "writes; needs --layers all, not with --index-share)")
     ap.add_argument("--dtype", choices=("f32", "f16"), default="f32", help="dtype of the indexer matrices")
     ap.add_argument("--asq", type=int, default=0, help="C > 0: random ASQ KV prototypes on every layer (FORMAT.md §6)")
     ap.add_argument("--asq-bits", type=int, choices=(4, 8), default=4, help="ASQ residual bits")
@@ -127,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.layers != "all":
             ap.error("--index-share needs --layers all")
         layers = list(range(0, n_layer, args.index_share))
+    types = [il in layers for il in range(n_layer)] if args.index_share > 1 else None
+    if args.full_layers is not None:
+        if args.layers != "all" or args.index_share > 1:
+            ap.error("--full-layers needs --layers all and no --index-share")
+        layers = parse_layers(args.full_layers, n_layer)
+        if 0 not in layers:
+            ap.error("--full-layers must include layer 0 (a shared layer reuses an earlier full layer's top-k)")
+        types = [il in layers for il in range(n_layer)]
 
     writer = gguf.GGUFWriter(args.output, arch)
 
@@ -151,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     writer.add_key_value(f"{arch}.dsa.indexer.rope_dim", args.rope_dim, u32)
     writer.add_key_value(f"{arch}.dsa.indexer.norm_eps", float(args.norm_eps), gguf.GGUFValueType.FLOAT32)
     writer.add_key_value(f"{arch}.dsa.split_source", "user", gguf.GGUFValueType.STRING)
-    if args.index_share > 1:
-        writer.add_array(f"{arch}.attention.indexer.types", [il % args.index_share == 0 for il in range(n_layer)])
+    if types is not None and not all(types):
+        writer.add_array(f"{arch}.attention.indexer.types", types)
     if args.asq:
         writer.add_key_value(f"{arch}.dsa.asq.cluster_num", args.asq, u32)
         writer.add_key_value(f"{arch}.dsa.asq.residual_bits", args.asq_bits, u32)

@@ -55,6 +55,7 @@ def test_gguf_roundtrip_same_sparse_ppl(model, calib, tmp_path):
     (["--top-k", "100000"], "top-k"),
     (["--cluster-num", "1"], "cluster-num"),
     (["--top-k", "32", "--sink", "20", "--local", "20"], "exceeds"),
+    (["--index-share", "2", "--index-place", "random"], "index-place"),
 ])
 def test_bad_dsa_options(model, calib, tmp_path, args, needle):
     out = tmp_path / "o.gguf"

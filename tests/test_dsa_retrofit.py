@@ -24,7 +24,8 @@ def calib_file(tmp_path):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(top_k=0), "top-k"), (dict(cluster_num=1), "cluster-num"), (dict(sink=8, local=9, top_k=16), "exceeds"),
-    (dict(residual_bits=3), "residual-bits"), (dict(rope_dim=3), "rope_dim"),
+    (dict(residual_bits=3), "residual-bits"), (dict(rope_dim=3), "rope_dim"), (dict(index_share=0), "index-share"),
+    (dict(index_place="first"), "index-place"),
 ])
 def test_config_rejects(kw, msg, calib_file):
     with pytest.raises(BadInputError, match=msg):

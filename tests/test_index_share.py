@@ -63,8 +63,8 @@ def test_index_share_pattern_and_full_layer_lookup():
 
 
 def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path):
-    """`dsa convert --index-share 2` on a 4-layer model: types [1,0,1,0], indexer tensors on layers 0 and 2 only,
-    the group target trains them, and kernels_ref's sparse PPL reads the file back."""
+    """`dsa convert --index-share 2 --index-place every` on a 4-layer model: types [1,0,1,0], indexer tensors on
+    layers 0 and 2 only, the group target trains them, and kernels_ref's sparse PPL reads the file back."""
     from dsa_convert.convert import ConvertOptions, convert
     from dsa_convert.dsa.config import DsaConfig
     from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf
@@ -76,7 +76,7 @@ def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path)
     out = tmp_path / "s.gguf"
     cfg = DsaConfig(top_k=48, sink=4, local=12, index_heads=2, index_dim=32, rope_dim=16, cluster_num=None,
                     calib=_calib_file(tmp_path), ctx=256, calib_chunks=3, split_chunks=1, steps=10, seed=0,
-                    index_share=2, device="cpu").validate()
+                    index_share=2, index_place="every", device="cpu").validate()
     res = convert(ConvertOptions(model, out, outtype="f32", quiet=True, dsa=cfg))
     assert res["dsa"]
     g = GgufFile(out)
@@ -111,13 +111,77 @@ def test_retrofit_runs_each_layer_forward_once_per_pass(tmp_path, monkeypatch):
     real = retrofit._advance
     monkeypatch.setattr(retrofit, "_advance", lambda m, il, h, pos: (calls.append(il), real(m, il, h, pos))[1])
     cfg = DsaConfig(top_k=48, index_heads=2, index_dim=16, rope_dim=8, cluster_num=4, calib=_calib_file(tmp_path),
-                    ctx=128, calib_chunks=2, split_chunks=1, steps=2, seed=0, index_share=2, device="cpu").validate()
+                    ctx=128, calib_chunks=2, split_chunks=1, steps=2, seed=0, index_share=2, index_place="every",
+                    device="cpu").validate()
     res = retrofit.run_retrofit(model, cfg)
     assert res.report["split_source"] == "calibrated"
     assert calls == [0, 1, 2, 3] * 2          # pass A, then pass B: layers 0-3 once each, layer 4 never
     assert sorted(res.report["layers"]) == [0, 2, 4] and all("heldout_kl_dense_phase" in res.report["layers"][il]
                                                            for il in (0, 2, 4))
     assert sorted(res.report["asq"]["layers"]) == [0, 1, 2, 3, 4]
+
+
+def test_placement_search_keeps_the_layers_whose_loss_of_an_indexer_costs_most(monkeypatch):
+    """The greedy search (placement.py) on a loss where each layer's indexer is worth a known amount: it turns the
+    cheapest layers into shared ones first, never layer 0, stops at n_full, and records every step."""
+    from dsa_convert.dsa import placement
+
+    worth = {0: 9.0, 1: 0.5, 2: 3.0, 3: 0.1, 4: 2.0, 5: 1.0}
+    seen = []
+
+    def fake_nll(model, tokens, att, start):
+        full = {il for il, t in enumerate(att.indexer_types) if t}
+        assert set(att.indexers) == full and 0 in full     # shared layers carry no indexer; layer 0 stays full
+        seen.append(frozenset(full))
+        return 1.0 + sum(w for il, w in worth.items() if il not in full)
+
+    monkeypatch.setattr(placement, "calib_nll", fake_nll)
+    model = type("M", (), {"hp": type("H", (), {"n_layer": 6, "kq_scale": 0.125})()})()
+    idx = {il: object() for il in range(6)}
+    types, rep = placement.choose_full_layers(model, torch.zeros(1, 64, dtype=torch.long), idx, n_full=3, top_k=16,
+                                              sink=1, local=4)
+    assert types == [True, False, True, False, True, False]
+    assert [s["shared"] for s in rep["steps"]] == [3, 1, 5] and rep["full_layers"] == [0, 2, 4]
+    assert rep["nll"] == pytest.approx(1.0 + 0.1 + 0.5 + 1.0) and rep["nll_all_full"] == 1.0
+    assert len(seen) == 1 + 5 + 4 + 3 and len(set(seen)) == len(seen)    # no candidate scored twice
+    assert placement.n_full_layers(6, 4) == 2 and placement.n_full_layers(16, 4) == 4 and placement.n_full_layers(5, 2) == 3
+
+
+def test_retrofit_with_searched_placement(tmp_path):
+    """`--index-share 2` (placement search, the default) on a 4-layer model: every layer's indexer is trained, two
+    stay (layer 0 among them), the file carries indexer tensors on exactly those and types saying so, and the
+    search's last step is the held-out NLL of the file's own layout."""
+    from dsa_convert.convert import ConvertOptions, convert
+    from dsa_convert.dsa.config import DsaConfig
+    from dsa_convert.dsa.split import calib_nll
+    from dsa_convert.dsa.calib import calib_chunks
+    from dsa_convert.eval.perplexity_torch import dsa_settings_from_gguf
+    from dsa_convert.formats.gguf_read import GgufFile
+    from dsa_convert.kernels_ref.model import RefModel
+    from dsa_convert.kernels_ref.sparse_attention import DsaAttention
+    from test_runtime_dsa import _calib_file
+
+    model = make_tiny_model(tmp_path / "m", "llama-llama3rope-tied-sharded", n_layer=4)
+    out = tmp_path / "s.gguf"
+    calib = _calib_file(tmp_path)
+    cfg = DsaConfig(top_k=48, sink=4, local=12, index_heads=2, index_dim=32, rope_dim=16, cluster_num=None,
+                    calib=calib, ctx=256, calib_chunks=3, split_chunks=1, steps=10, seed=0, index_share=2,
+                    device="cpu").validate()
+    res = convert(ConvertOptions(model, out, outtype="f32", quiet=True, dsa=cfg))
+    pl = res["dsa"]["placement"]
+    assert [len(s["candidates"]) for s in pl["steps"]] == [3, 2] and pl["n_full"] == 2
+    for s in pl["steps"]:
+        assert s["nll"] == min(s["candidates"].values()) and str(s["shared"]) in s["candidates"]
+    g = GgufFile(out)
+    types = g.indexer_types()
+    assert types[0] and sum(types) == 2 and [il for il in range(4) if types[il]] == pl["full_layers"]
+    assert [il for il in range(4) if g.has(f"blk.{il}.indexer.attn_k.weight")] == pl["full_layers"]
+    ref = RefModel.from_gguf(out)
+    st = dsa_settings_from_gguf(ref)
+    held = calib_chunks(calib, model, 256, 3 + 1)[3:]
+    att = DsaAttention(scale=ref.hp.kq_scale, attn="sparse", top_k=48, sink=4, local=12,
+                       indexers=st["indexers"], indexer_types=st["indexer_types"])
+    assert calib_nll(ref, held, att, 48) == pytest.approx(pl["nll"], rel=1e-4)
 
 
 def test_group_target_is_the_mean_of_the_layers_targets():
@@ -133,30 +197,31 @@ def test_group_target_is_the_mean_of_the_layers_targets():
     assert torch.allclose(got, want) and torch.allclose(got.sum(-1), torch.ones(3))
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+@pytest.fixture(scope="module", params=["0,2,4", "0,3", "0,1,4"])
 def shared_dsa(request, tmp_path_factory):
-    """A 5-layer stock GGUF, the same with indexers on every G-th layer shared by the layers between, and with those
-    indexers but the other layers dense (no types key)."""
+    """A 5-layer stock GGUF, the same with indexers on some layers (every 2nd, every 3rd, or an irregular layout as
+    the placement search writes) shared by the layers after them, and with those indexers but the other layers dense
+    (no types key)."""
     from dsa_convert.convert import ConvertOptions, convert
 
-    G = request.param
-    root = tmp_path_factory.mktemp(f"share{G}")
+    full = request.param
+    root = tmp_path_factory.mktemp("share" + full.replace(",", ""))
     plain, shared, holes = root / "plain.gguf", root / "shared.gguf", root / "holes.gguf"
     convert(ConvertOptions(make_tiny_model(root / "m", "mistral-gqa", n_layer=5), plain, outtype="f32", quiet=True))
     common = ["--heads", "2", "--dim", "32", "--rope-dim", "16", "--top-k", str(TOPK), "--sink", str(SINK),
               "--local", str(LOCAL)]
     script = str(REPO / "scripts" / "make_test_dsa_gguf.py")
-    subprocess.run([sys.executable, script, str(plain), str(shared), *common, "--index-share", str(G)],
-                   check=True, capture_output=True)
-    full = ",".join(str(il) for il in range(0, 5, G))
+    G = {"0,2,4": 2, "0,3": 3}.get(full)     # the periodic layouts through --index-share, the other one explicitly
+    layout = ["--index-share", str(G)] if G else ["--full-layers", full]
+    subprocess.run([sys.executable, script, str(plain), str(shared), *common, *layout], check=True, capture_output=True)
     subprocess.run([sys.executable, script, str(plain), str(holes), *common, "--layers", full],
                    check=True, capture_output=True)
-    return G, plain, shared, holes
+    return [int(il) for il in full.split(",")], plain, shared, holes
 
 
 @requires_backend
 def test_shared_file_matches_kernels_ref_prefill_and_decode(shared_dsa):
-    G, plain, shared, holes = shared_dsa
+    full, plain, shared, holes = shared_dsa
     v = verify_module()
     toks = np.random.default_rng(5).integers(3, 320, N)
     ref = v.ref_logits(str(shared), toks, sparse=True)
@@ -166,7 +231,11 @@ def test_shared_file_matches_kernels_ref_prefill_and_decode(shared_dsa):
     fused = v.llama_logits(str(shared), toks, n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True)
     assert np.abs(one_batch - ref).max() / scale < 1e-4
     assert np.abs(decode - ref).max() / scale < 1e-4
-    assert np.abs(fused - ref).max() / scale < 3e-3       # f16 cache, F16 accumulation of the fused op
+    # f16 cache (and f16 index keys): a near-tie in a layer's indexer scores can flip one pick, which moves that
+    # row's logits by ~1e-2 of their range (2 of 72 rows with the irregular layout's random indexers; kernels_ref
+    # itself moves one of them by 1.9e-2 with its K/V rounded to f16); the layout is pinned by the F32 decode above
+    row_err = np.abs(fused - ref).max(1) / scale
+    assert np.median(row_err) < 5e-4 and (row_err > 3e-3).sum() <= 3 and row_err.max() < 5e-2
     # the shared layers really are sparse: the same indexers with those layers dense give other logits
     holes_l = v.llama_logits(str(holes), toks, n_ctx=128, prefill=PREFILL)
     assert np.abs(decode[TOPK:] - holes_l[TOPK:]).max() / scale > 1e-3
@@ -196,7 +265,7 @@ def test_shared_layers_prefetch_form_changes_nothing(shared_dsa, tmp_path):
     line says so, once per process) and leave every logit bit-identical."""
     import os
 
-    G, _, shared, _ = shared_dsa
+    _, _, shared, _ = shared_dsa
     runs = {}
     for pf in ("0", "1"):
         out = tmp_path / f"pf{pf}.npy"
@@ -213,10 +282,10 @@ def test_shared_layers_prefetch_form_changes_nothing(shared_dsa, tmp_path):
 def test_shared_file_load_log_and_bad_types(shared_dsa, tmp_path):
     import gguf
 
-    G, plain, shared, _ = shared_dsa
+    full, plain, shared, _ = shared_dsa
     code = "import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True)"
     r = subprocess.run([sys.executable, "-c", code, str(shared)], capture_output=True, text=True)
-    n_shared = sum(1 for il in range(5) if il % G)
+    n_shared = 5 - len(full)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"5 of 5 layers sparse ({n_shared} reuse an earlier layer's top-k)" in r.stderr
     # layer 0 marked shared: refused at load by llama.cpp, and by dsa eval with a one-line error

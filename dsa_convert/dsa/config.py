@@ -24,8 +24,12 @@ class DsaConfig:
     index_dim: int = 64                 # D
     rope_dim: int = 32                  # R (even, <= D)
     norm_eps: float = 1e-6
-    index_share: int = 1                # G: layer l runs its own indexer iff l % G == 0, the others reuse its top-k
-                                        # ({arch}.attention.indexer.types, FORMAT §4a); 1 = an indexer in every layer
+    index_share: int = 1                # G: ceil(n_layer / G) layers run their own indexer, the others reuse the top-k
+                                        # of the last one before them ({arch}.attention.indexer.types, FORMAT §4a);
+                                        # 1 = an indexer in every layer
+    index_place: str = "search"         # which layers (G > 1): search = greedy on held-out calibration NLL, every
+                                        # indexer trained on its own layer's target (placement.py); every = layers
+                                        # 0, G, 2G, ..., each trained on its group's mean target
     # ---- ASQ (FORMAT §6); cluster_num None -> no ASQ tensors
     cluster_num: Optional[int] = 64
     residual_bits: int = 4
@@ -64,6 +68,8 @@ class DsaConfig:
             raise BadInputError("indexer head count and dim must be > 0")
         if self.index_share < 1:
             raise BadInputError(f"--index-share must be >= 1 (got {self.index_share})")
+        if self.index_place not in ("search", "every"):
+            raise BadInputError(f"--index-place must be search or every (got {self.index_place!r})")
         if self.rope_dim % 2 or not 0 <= self.rope_dim <= self.index_dim:
             raise BadInputError(f"indexer rope_dim must be even and <= {self.index_dim} (got {self.rope_dim})")
         if self.cluster_num is not None and not 2 <= self.cluster_num <= 256:
@@ -83,8 +89,13 @@ class DsaConfig:
         return self
 
     def indexer_types(self, n_layer: int) -> list[bool]:
-        """Per layer: True = full (own indexer), False = shared (reuses the last full layer's top-k)."""
+        """Per layer: True = full (own indexer), False = shared (reuses the last full layer's top-k): the fixed
+        pattern (`every`); with `search` the retrofit trains every layer and picks the full ones afterwards."""
         return indexer_types_every(n_layer, self.index_share)
+
+    @property
+    def searches_placement(self) -> bool:
+        return self.index_share > 1 and self.index_place == "search"
 
     @property
     def n_sparse_steps(self) -> int:

@@ -1,8 +1,9 @@
 """Distil one layer's lightning indexer from the frozen dense attention (DeepSeek-V3.2 recipe).
 
 Target for query t: the dense attention probabilities of the layer summed over heads and
-renormalised, p_t(s) (s <= t); for a full layer whose top-k the following shared layers reuse
-(``--index-share``, FORMAT §4a) the mean of that target over the layer and its shared layers. Phase 1 (dense warm-up) minimises KL(p_t || softmax_s score(t, s))
+renormalised, p_t(s) (s <= t); with ``--index-share G --index-place every`` (FORMAT §4a), for a full layer whose
+top-k the following shared layers reuse, the mean of that target over the layer and its shared layers (the default
+``search`` layout trains every layer on its own target). Phase 1 (dense warm-up) minimises KL(p_t || softmax_s score(t, s))
 over all s <= t. Phase 2 (sparse) restricts both distributions to the keys the current indexer
 would select (FORMAT §5) with the chosen sink/local split (``sparse_target='selected'``, DeepSeek) or
 to the middle region the indexer actually picks from, [sink, t − local] (``'middle'``). Only query rows t >= top_k are used in

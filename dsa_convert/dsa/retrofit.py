@@ -5,8 +5,11 @@
     res.tensors  {"blk.0.indexer.attn_q_b.weight": np.ndarray [H*D, n_embd], ...}  (gguf-py order)
     res.report   measured numbers (losses, split candidates, ASQ errors, timings)
 
-With ``cfg.index_share`` G > 1 only layers 0, G, 2G, ... get an indexer, trained on the mean target of
-their group (the layer and the shared layers after it, FORMAT §4a); the others reuse its top-k.
+With ``cfg.index_share`` G > 1 only ceil(n_layer / G) layers keep an indexer; the others reuse the top-k of the
+last full layer before them (FORMAT §4a). ``index_place="search"`` (the default) trains an indexer in every layer
+on its own target, as for G = 1, then picks the full layers greedily by held-out calibration NLL (placement.py);
+``"every"`` fixes them at 0, G, 2G, ..., each trained on the mean target of its group (the layer and its shared
+layers).
 
 The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
 at a time over all calibration chunks, each layer once per pass (a group's shared layers in the same
@@ -33,6 +36,7 @@ from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
 from .calib import calib_chunks
 from .config import DsaConfig
 from .indexer_train import LayerCalib, TrainLog, eval_kl, init_indexer, train_layer
+from .placement import choose_full_layers, n_full_layers
 from .split import choose_split
 
 ProgressFn = Callable[[dict], None]
@@ -190,7 +194,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     user_split = cfg.sink is not None and cfg.local is not None
     sparse_steps = cfg.n_sparse_steps
     log = {il: TrainLog() for il in range(hp.n_layer)}
-    types = cfg.indexer_types(hp.n_layer)
+    # the layers trained: every layer when the placement is searched afterwards (each on its own target)
+    types = [True] * hp.n_layer if cfg.searches_placement else cfg.indexer_types(hp.n_layer)
     indexers: dict[int, IndexerWeights] = {}
     asq_layers: list[LayerAsq] = []
     rep: dict = {"config": cfg.to_dict(), "ctx": ctx, "device": dev, "freq_base": hp.rope.base,
@@ -231,10 +236,10 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     rep["stage_seconds"] = {"pass_a": time.time() - t_start, "asq_fit": t_asq}
 
     # ---- split by calibration loss, then the sparse phase (pass B) with the chosen split
+    held = tokens[n_train:] if n_held else tokens[: max(1, min(2, n_train))]
     if user_split:
         sink, local, split_source = cfg.sink, cfg.local, "user"
     else:
-        held = tokens[n_train:] if n_held else tokens[: max(1, min(2, n_train))]
         sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink,
                                          select=cfg.select, block_size=cfg.block_size, progress=emit,
                                          indexer_types=types)
@@ -251,6 +256,15 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             del h
             rep["stage_seconds"]["sparse_phase"] = time.time() - t0
     rep["sink"], rep["local"], rep["split_source"] = sink, local, split_source
+
+    # ---- which layers keep their indexer (--index-share G, searched placement)
+    if cfg.searches_placement:
+        types, rep["placement"] = choose_full_layers(
+            model, held, indexers, n_full=n_full_layers(hp.n_layer, cfg.index_share), top_k=cfg.top_k, sink=sink,
+            local=local, select=cfg.select, block_size=cfg.block_size, progress=emit)
+        for il in [il for il in indexers if not types[il]]:
+            del indexers[il]
+            rep["layers"].setdefault(il, {})["shared_after_placement"] = True
 
     # ---- assemble
     key_space = None
