@@ -2,8 +2,8 @@
 
 Retrofit once with an indexer in every layer (split fixed by --sink / --local), then for each count of full layers
 in --counts score every layout (layer 0 always full; the others reuse the top-k of the last full layer before them,
-FORMAT.md §4a) by the retrofit's held-out calibration NLL, and the fixed pattern 0, G, 2G, ..., the best and the
-worst of each count also by kernels_ref sparse PPL on --text. Shows whether the calibration NLL ranks layouts as the
+FORMAT.md §4a) by the retrofit's held-out calibration NLL, and the fixed patterns 0, G, 2G, ... with that count,
+the best and the worst of each count also by kernels_ref sparse PPL on --text. Shows whether the calibration NLL ranks layouts as the
 evaluation text does, which is what `--index-place search` (dsa_convert/dsa/placement.py) relies on.
 
     python3 scripts/bench_index_layouts.py --model ../shared/models/ref-llama-27m \
@@ -94,9 +94,8 @@ def main() -> None:
         save()
     for nf in counts:
         cands = {k: v for k, v in out["calib_nll"].items() if len(eval(k)) == nf}
-        G = math.ceil(n / nf)
-        fixed = str(tuple(range(0, n, G))) if len(range(0, n, G)) == nf else None
-        for f in dict.fromkeys([x for x in (fixed, min(cands, key=cands.get), max(cands, key=cands.get)) if x]):
+        fixed = [str(tuple(range(0, n, G))) for G in range(2, n + 1) if len(range(0, n, G)) == nf]  # --index-share G
+        for f in dict.fromkeys(fixed + [min(cands, key=cands.get), max(cands, key=cands.get)]):
             out["ppl"][f] = ppl(eval(f))
             print(f, "PPL", out["ppl"][f], flush=True)
             save()
