@@ -120,9 +120,8 @@ def convert(
     from .convert import ConvertOptions, convert as run
 
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
-                    index_share=index_share, index_place=index_place, sink=sink, local=local, select=select, block_size=block_size,
-                    residual_bits=residual_bits,
-                    calib=calib, steps=steps)
+                    index_share=index_share, index_place=index_place, sink=sink, local=local, select=select,
+                    block_size=block_size, residual_bits=residual_bits, calib=calib, steps=steps)
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:
         raise typer.BadParameter("--no-dsa cannot be combined with DSA options")

@@ -3,8 +3,9 @@
 Retrofit once with an indexer in every layer (split fixed by --sink / --local), then for each count of full layers
 in --counts score every layout (layer 0 always full; the others reuse the top-k of the last full layer before them,
 FORMAT.md §4a) by the retrofit's held-out calibration NLL, and the fixed patterns 0, G, 2G, ... with that count,
-the best and the worst of each count also by kernels_ref sparse PPL on --text. Shows whether the calibration NLL ranks layouts as the
-evaluation text does, which is what `--index-place search` (dsa_convert/dsa/placement.py) relies on.
+the best and the worst of each count also by kernels_ref sparse PPL on --text. Shows whether the calibration NLL
+ranks layouts as the evaluation text does, which is what `--index-place search` (dsa_convert/dsa/placement.py)
+relies on.
 
     python3 scripts/bench_index_layouts.py --model ../shared/models/ref-llama-27m \
         --calib ../shared/data/calib/books-calib.txt --text ../shared/data/wikitext-2-raw/wiki.test.raw \
