@@ -106,7 +106,8 @@ def main() -> None:
                     continue
                 r = ppl(ctx, attn=m, kv="f16", dsa=res)
                 r.update(budget=K, index_share=G, index_place=a.index_place if G > 1 else None,
-                         full_layers=res.report.get("placement", {}).get("full_layers"), delta_pct=100 * (r["ppl"] / dense[ctx]["ppl"] - 1))
+                         full_layers=res.report.get("placement", {}).get("full_layers"),
+                         delta_pct=100 * (r["ppl"] / dense[ctx]["ppl"] - 1))
                 out["quality"].append(r)
                 log(f"  G {G} {m:7s} ppl {r['ppl']:.3f} ({r['delta_pct']:+.2f}%) sink {r['sink']} local {r['local']}")
                 save()

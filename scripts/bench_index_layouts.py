@@ -30,9 +30,8 @@ from gguf import GGUFValueType  # noqa: E402
 from dsa_convert.dsa.calib import calib_chunks  # noqa: E402
 from dsa_convert.dsa.config import DsaConfig  # noqa: E402
 from dsa_convert.dsa.retrofit import run_retrofit  # noqa: E402
-from dsa_convert.dsa.split import calib_nll  # noqa: E402
+from dsa_convert.dsa.placement import layout_nll  # noqa: E402
 from dsa_convert.eval.perplexity_torch import load_model, perplexity_torch  # noqa: E402
-from dsa_convert.kernels_ref.sparse_attention import DsaAttention  # noqa: E402
 
 
 def main() -> None:
@@ -65,9 +64,7 @@ def main() -> None:
         return [il in full for il in range(n)]
 
     def nll(full) -> float:
-        att = DsaAttention(scale=model.hp.kq_scale, attn="sparse", top_k=K, sink=S, local=L,
-                           indexers={il: idx[il] for il in full}, indexer_types=types_of(full))
-        return calib_nll(model, held, att, K)
+        return layout_nll(model, held, idx, full, top_k=K, sink=S, local=L)
 
     def ppl(full) -> tuple[float, float]:
         r = copy.copy(res)

@@ -131,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.layers != "all":
             ap.error("--index-share needs --layers all")
         layers = list(range(0, n_layer, args.index_share))
-    types = [il in layers for il in range(n_layer)] if args.index_share > 1 else None
     if args.full_layers is not None:
         if args.layers != "all" or args.index_share > 1:
             ap.error("--full-layers needs --layers all and no --index-share")
         layers = parse_layers(args.full_layers, n_layer)
         if 0 not in layers:
             ap.error("--full-layers must include layer 0 (a shared layer reuses an earlier full layer's top-k)")
-        types = [il in layers for il in range(n_layer)]
+    # attention.indexer.types: only for a shared layout (plain --layers leaves the layers without indexers dense)
+    types = [il in layers for il in range(n_layer)] if args.index_share > 1 or args.full_layers else None
 
     writer = gguf.GGUFWriter(args.output, arch)
 

@@ -24,6 +24,16 @@ def n_full_layers(n_layer: int, share: int) -> int:
     return math.ceil(n_layer / share)
 
 
+def layout_nll(model, tokens: torch.Tensor, indexers: dict, full, *, top_k: int, sink: int, local: int,
+               select: str = "token", block_size: int = 64) -> float:
+    """Held-out NLL (split.calib_nll, positions >= top_k) with the indexers of the layers in ``full`` only, every
+    other layer shared (FORMAT §4a)."""
+    att = DsaAttention(scale=model.hp.kq_scale, attn="sparse", top_k=top_k, sink=sink, local=local, select=select,
+                       block_size=block_size, indexers={il: indexers[il] for il in full},
+                       indexer_types=[il in full for il in range(model.hp.n_layer)])
+    return calib_nll(model, tokens, att, min(top_k, tokens.shape[1] - 2))
+
+
 def choose_full_layers(model, tokens: torch.Tensor, indexers: dict, *, n_full: int, top_k: int, sink: int,
                        local: int, select: str = "token", block_size: int = 64,
                        progress: Optional[Callable[[dict], None]] = None) -> tuple[list[bool], dict]:
@@ -33,14 +43,11 @@ def choose_full_layers(model, tokens: torch.Tensor, indexers: dict, *, n_full: i
     if 0 not in indexers:
         raise ValueError("layer 0 needs an indexer: it is always a full layer")
     full = set(indexers)
-    start = min(top_k, tokens.shape[1] - 2)
     t0 = time.time()
 
     def nll(layers: set) -> float:
-        att = DsaAttention(scale=model.hp.kq_scale, attn="sparse", top_k=top_k, sink=sink, local=local,
-                           select=select, block_size=block_size, indexers={il: indexers[il] for il in layers},
-                           indexer_types=[il in layers for il in range(n)])
-        return calib_nll(model, tokens, att, start)
+        return layout_nll(model, tokens, indexers, layers, top_k=top_k, sink=sink, local=local, select=select,
+                          block_size=block_size)
 
     steps = []
     current = nll(full)
@@ -55,5 +62,6 @@ def choose_full_layers(model, tokens: torch.Tensor, indexers: dict, *, n_full: i
     types = [il in full for il in range(n)]
     report = {"method": "greedy", "n_full": len(full), "full_layers": sorted(full), "nll_all_full": current,
               "ppl_all_full": math.exp(current), "nll": steps[-1]["nll"] if steps else current,
-              "steps": steps, "positions_from": start, "chunks": int(tokens.shape[0]), "seconds": time.time() - t0}
+              "steps": steps, "positions_from": min(top_k, tokens.shape[1] - 2), "chunks": int(tokens.shape[0]),
+              "seconds": time.time() - t0}
     return types, report
