@@ -368,3 +368,30 @@ def test_indexer_mask_op_is_bit_exact_against_the_chain_of_ops(tiny_dsa, monkeyp
 
     assert mask_ops("1") >= 2    # the prefill ubatch's mask and the decode's
     assert mask_ops("0") == 0
+
+
+@requires_backend
+def test_decode_masks_enter_the_graph_before_the_first_layer(tiny_dsa, monkeypatch):
+    """LLAMA_DSA_MASK_EARLY (default 1): a decode graph's masks computed from the positions (ggml_dsa_visibility_mask,
+    the attention mask, and the indexer mask) are placed after the token embeddings, before layer 0's attn_norm, not
+    inside layer 0 where they are first read (there they kept CUDA's stream fork off that layer). Same nodes, another
+    order: decode logits bit-identical with =0, and the scheduler's node list of the decode graph (the last one) shows
+    both masks before attn_norm-0 only when it is on."""
+    _, dsa = tiny_dsa
+    v = verify_module()
+    toks = np.random.default_rng(14).integers(3, 320, N)
+    kw = dict(n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True)
+    early = v.llama_logits(str(dsa), toks, **kw)
+    monkeypatch.setenv("LLAMA_DSA_MASK_EARLY", "0")
+    lazy = v.llama_logits(str(dsa), toks, **kw)
+    np.testing.assert_array_equal(early, lazy)
+
+    def masks_before_layer0(env: str) -> bool:
+        monkeypatch.setenv("LLAMA_DSA_MASK_EARLY", env)
+        names = [ln.split(":")[1].split("(")[0].strip() for ln in _sched_node_lines(dsa, TOPK + 16)]
+        last = {n: i for i, n in enumerate(names)}
+        norm = last["attn_norm-0"]
+        return last["attn_kq_mask_dsa_pos"] < norm and last["attn_inp_kq_mask_dsa"] < norm
+
+    assert masks_before_layer0("1")
+    assert not masks_before_layer0("0")
