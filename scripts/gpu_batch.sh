@@ -154,6 +154,14 @@
 #   sweeps >= 2.5): about 40 us off a G = 2 1B token at 128K (1,310 us GPU span) would settle it. Candidates: the
 #   memset node and its gaps before each of the 8 selects (about 2.5 us each, section 4x), layer 0's 5-kernel
 #   visibility-mask chain (about 5 us), the select itself (15.8 us per full layer at 128K).
+# RESULTS section 4ac's round (LLAMA_DSA_MASK_EARLY, ggml_dsa_visibility_mask, LLAMA_DSA_TOPK_LID_ZERO; 1B G = 2 at 128K
+#   only: two cold builds were lost to the machine's 30 s idle release, so keep calls back to back):
+#   6 (cold): STEPS="exp:TMAX=440 build exp:TMAX=60 exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2 bench1b=--ctx,131072,--gen,50
+#            bench1b=--ctx,131072,--variant,LLAMA_DSA_TOPK_LID_ZERO=0,--variant,LLAMA_DSA_MASK_EARLY=0,--attn,sparse,--gen,51"
+# Next (section 4ac): first the GPU correctness of that build (never run): 1 (cold) STEPS="bg:retrofit exp:TMAX=430 build
+#   exp:TMAX=150 exp:SHARE=2 synthsharebg synth8sharebg waitbg wait", then at once 2 (warm) STEPS="exp:DC_PREFILL=1100
+#   decodecheck exp:STREAMS_FILE=/tmp/w/synth-1b-share2.gguf streams", then sweeps of both G = 2 shapes at
+#   16K / 64K / 128K (bench1b / bench8b with BENCH_SHARE=2) and a `trace` of the 1B at 128K to see layer 0's fork.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
