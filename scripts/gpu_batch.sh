@@ -158,10 +158,17 @@
 #   only: two cold builds were lost to the machine's 30 s idle release, so keep calls back to back):
 #   6 (cold): STEPS="exp:TMAX=440 build exp:TMAX=60 exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2 bench1b=--ctx,131072,--gen,50
 #            bench1b=--ctx,131072,--variant,LLAMA_DSA_TOPK_LID_ZERO=0,--variant,LLAMA_DSA_MASK_EARLY=0,--attn,sparse,--gen,51"
-# Next (section 4ac): first the GPU correctness of that build (never run): 1 (cold) STEPS="bg:retrofit exp:TMAX=430 build
-#   exp:TMAX=150 exp:SHARE=2 synthsharebg synth8sharebg waitbg wait", then at once 2 (warm) STEPS="exp:DC_PREFILL=1100
-#   decodecheck exp:STREAMS_FILE=/tmp/w/synth-1b-share2.gguf streams", then sweeps of both G = 2 shapes at
-#   16K / 64K / 128K (bench1b / bench8b with BENCH_SHARE=2) and a `trace` of the 1B at 128K to see layer 0's fork.
+# RESULTS section 4ad's round (that build's GPU checks, both G = 2 shapes at 16K / 64K / 128K, a timeline):
+#   1 (cold): STEPS="bg:retrofit exp:TMAX=430 build exp:TMAX=150 exp:SHARE=2 synthsharebg synth8sharebg waitbg wait"
+#            (lost: the next call came 100 s later, the machine was gone)
+#   3 (cold, 591 s): STEPS="bg:retrofit exp:TMAX=400 build exp:TMAX=150 exp:SHARE=2 synthsharebg wait synth8sharebg waitbg
+#            exp:DC_PREFILL=1100 exp:TMAX=100 decodecheck exp:STREAMS_FILE=/tmp/w/synth-1b-share2.gguf exp:TMAX=100 streams
+#            wait exp:BENCH_SHARE=2 bench1b=--ctx,131072:65536:16384,--gen,50 bench8b=--ctx,131072:65536:16384,--gen,50"
+#            (the 8B file is made beside decodecheck / streams; `streams` needs ~165 s for both caches)
+#   4 (warm, 18 s after call 3: written before call 3 ended): 8B sweep, streams, a 1B sweep, `trace` (347 s)
+# Next (section 4ad): a build is ~320-330 s, so a call that finds a bare machine has ~250 s left for work; write each
+#   next command before the call before it ends. Measure the select's late-block wait (section 4ad item 3): `trace`
+#   with TRACE_TAG per LLAMA_DSA_TOPK_LID_ZERO=0/1, then six or more 1B and 8B sweeps at 64K / 128K, judged by the median.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
@@ -200,7 +207,7 @@ for s in ${STEPS:-}; do
   bench1b=*|bench8b=*)
     f=$W/synth-1b-asq.gguf; [ "${s%%=*}" = bench8b ] && f=$W/synth-8b.gguf
     if [ -n "${BENCH_SHARE:-}" ]; then f=${f%.gguf}; f=${f%-asq}-share$BENCH_SHARE.gguf; fi
-    args=$(echo "${s#*=}" | tr , ' ' | tr : ,); tag=$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
+    args=$(echo "${s#*=}" | tr , ' ' | tr : ,); tag=${s%%=*}-$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
     timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" $args --gen 32 --flash-attn --n-gpu-layers 999 --force \
       --jsonl "$W/bench-$tag.jsonl" > "$R/bench-$tag.out" 2>&1; echo "rc $?"; cut -c1-500 "$W/bench-$tag.jsonl" ;;
   *) n_plain=$(( ${n_plain:-0} + 1 )); o="$R/$s.$n_plain.out" # numbered: a step may run twice (other exp: values)
