@@ -215,6 +215,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
         KTRACE_OUT=$WORK/ktrace-$tag-$c.csv python3 scripts/profile_decode.py "$f" --ctx $c --gen ${TRACE_GEN:-8} \
         --attn ${TRACE_ATTN:-sparse,dense} --profile | tee "$WORK/trace-wall-$tag-$c.json"
       python3 scripts/trace_summary.py "$WORK/ktrace-$tag-$c.csv" --names ${TRACE_ATTN:-sparse,dense} --chain rms_norm,combine \
+        --follow dsa_lid_kernel,topk_radix_persist --beside topk_radix_persist \
         > "$WORK/trace-$tag-$c.txt"
       head -60 "$WORK/trace-$tag-$c.txt"
     done ;;

@@ -2,6 +2,7 @@
 """Summarise a kernel timeline written by scripts/cuda/kernel_trace.c (a CUPTI injection library).
 
     python3 scripts/trace_summary.py trace.csv [--names sparse,dense] [--layer-rows 60] [--chain A,B] [--follow A,B]
+                                     [--beside NAME]
 
 Per window (one `cuProfilerStart/Stop` bracket of scripts/profile_decode.py --profile: one per --attn mode) the
 kernels are grouped into graph launches (the correlation id all kernels of one launch share); the launches of
@@ -205,8 +206,41 @@ def follow(s: Summary, a: str, b: str) -> tuple[float, float, float, float] | No
             statistics.median(r.end - a_end for a_end, r in p) / 1e3, len(p) / s.n_tokens)
 
 
+@dataclass
+class Beside:
+    """The kernels named *name*, split by whether a kernel of another stream ran during them (counts per token,
+    median durations in µs; with others: the median number of such kernels and of the µs they overlap)."""
+    alone: float
+    alone_us: float | None
+    shared: float
+    shared_us: float | None
+    others: float | None
+    overlap_us: float | None
+
+
+def beside(s: Summary, name: str) -> Beside | None:
+    """Each kernel whose name contains *name* against the other streams' kernels overlapping it in time (e.g. the
+    persistent top-k, whose blocks wait for each other: `topk`), None where no kernel has that name."""
+    alone: list[int] = []
+    shared: list[tuple[int, int, int]] = []   # duration, other kernels, overlapped ns
+    for tok in s.tokens:
+        for r in tok:
+            if name not in r.name:
+                continue
+            ov = [o for o in tok if o.stream != r.stream and o.kind == "K" and o.start < r.end and o.end > r.start]
+            if ov:
+                shared.append((r.end - r.start, len(ov), sum(min(o.end, r.end) - max(o.start, r.start) for o in ov)))
+            else:
+                alone.append(r.end - r.start)
+    if not alone and not shared:
+        return None
+    med = lambda xs: statistics.median(xs) / 1e3 if xs else None  # noqa: E731
+    return Beside(len(alone) / s.n_tokens, med(alone), len(shared) / s.n_tokens, med([d for d, _, _ in shared]),
+                  statistics.median(n for _, n, _ in shared) if shared else None, med([o for _, _, o in shared]))
+
+
 def report(s: Summary | None, label: str, layer_rows: int, chains: list[tuple[str, str]] = (),
-           follows: list[tuple[str, str]] = ()) -> None:
+           follows: list[tuple[str, str]] = (), besides: list[str] = ()) -> None:
     if s is None:
         print(f"== {label}: no graph launch of 8 or more kernels")
         return
@@ -226,6 +260,16 @@ def report(s: Summary | None, label: str, layer_rows: int, chains: list[tuple[st
         f = follow(s, a, b)
         print(f"   follow {a} -> {b}: " + (f"median {f[0]:.2f} µs from {a}'s end to {b}'s start, {b} {f[1]:.2f} µs, "
                                            f"{f[2]:.2f} µs end to end, {f[3]:.1f} times per token" if f else "never"))
+    for name in besides:
+        b = beside(s, name)
+        if b is None:
+            print(f"   beside {name}: never")
+            continue
+        line = f"   beside {name}: alone {b.alone:.1f} per token" + (f" (median {b.alone_us:.2f} µs)" if b.alone else "")
+        line += f", with other streams' kernels {b.shared:.1f}"
+        if b.shared:
+            line += f" (median {b.shared_us:.2f} µs, {b.others:g} kernels overlapping it for {b.overlap_us:.2f} µs)"
+        print(line)
     t0 = s.middle[0].start
     print(f"   -- the middle token: first {layer_rows} records (offset µs, duration µs, stream, grid x block, name)")
     for r in s.middle[:layer_rows]:
@@ -243,6 +287,9 @@ def main() -> None:
     ap.add_argument("--follow", action="append", default=[], metavar="A,B",
                     help="medians for the kernel named *B* after each one named *A* (repeatable): the gap from A's "
                          "end to B's start, B's duration, A's end to B's end; e.g. dsa_lid,topk")
+    ap.add_argument("--beside", action="append", default=[], metavar="NAME",
+                    help="the kernels named NAME alone and with other streams' kernels running during them "
+                         "(repeatable; counts and median durations), e.g. topk_radix_persist")
     a = ap.parse_args()
     windows, recs = load(a.trace)
     labels = [s for s in a.names.split(",") if s]
@@ -257,7 +304,7 @@ def main() -> None:
     for i, (ws, we) in enumerate(windows):
         inside = [r for r in recs if r.start >= ws and (we == 0 or r.start <= we)]
         label = labels[i] if i < len(labels) else f"window {i}"
-        report(summarise(label, inside), label, a.layer_rows, chains, follows)
+        report(summarise(label, inside), label, a.layer_rows, chains, follows, a.beside)
 
 
 if __name__ == "__main__":

@@ -76,16 +76,26 @@ def test_tokens_spans_and_charged_time_add_up(trace_csv):
     assert ts.follow(s, "indexer", "topk") == pytest.approx((0.2, 1.8, 2.0, 1.0))   # the memset node in between
     assert ts.follow(s, "proj", "indexer") == pytest.approx((-2.0, 4.0, 2.0, 1.0))  # launched early: starts before
     assert ts.follow(s, "ffn", "norm") is None
+    # a kernel alone or with another stream's kernels running during it: proj has qkv (stream 9) beside it for
+    # 1.5 µs; topk runs alone; qkv has proj and the early-launched indexer beside it
+    assert ts.beside(s, "topk") == ts.Beside(1.0, pytest.approx(1.8), 0.0, None, None, None)
+    assert ts.beside(s, "proj") == ts.Beside(0.0, None, 1.0, pytest.approx(3.0), 1, pytest.approx(1.5))
+    assert ts.beside(s, "qkv") == ts.Beside(0.0, None, 1.0, pytest.approx(1.5), 2, pytest.approx(2.5))
+    assert ts.beside(s, "nothing") is None
 
 
 def test_cli_prints_a_table_and_rejects_a_trace_without_window(trace_csv, tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), "--names",
-                          "sparse", "--chain", "norm,combine", "--follow", "indexer,topk"],
+                          "sparse", "--chain", "norm,combine", "--follow", "indexer,topk", "--beside", "proj",
+                          "--beside", "topk"],
                          capture_output=True, text=True, check=True).stdout
     assert "== sparse: 3 tokens of 8 kernels each" in out
     assert "chain norm -> combine: 9.00 µs, 1.0 times per token" in out
     assert ("follow indexer -> topk: median 0.20 µs from indexer's end to topk's start, topk 1.80 µs, 2.00 µs end to "
             "end, 1.0 times per token") in out
+    assert ("beside proj: alone 0.0 per token, with other streams' kernels 1.0 (median 3.00 µs, 1 kernels overlapping "
+            "it for 1.50 µs)") in out
+    assert "beside topk: alone 1.0 per token (median 1.80 µs), with other streams' kernels 0.0" in out
     assert "outside_the_window" not in out
     bare = tmp_path / "bare.csv"
     bare.write_text("K,1,2,7,1,1,1,1,k\n")
