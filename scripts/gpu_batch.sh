@@ -167,8 +167,12 @@
 #            (the 8B file is made beside decodecheck / streams; `streams` needs ~165 s for both caches)
 #   4 (warm, 18 s after call 3: written before call 3 ended): 8B sweep, streams, a 1B sweep, `trace` (347 s)
 # Next (section 4ad): a build is ~320-330 s, so a call that finds a bare machine has ~250 s left for work; write each
-#   next command before the call before it ends. Measure the select's late-block wait (section 4ad item 3): `trace`
-#   with TRACE_TAG per LLAMA_DSA_TOPK_LID_ZERO=0/1, then six or more 1B and 8B sweeps at 64K / 128K, judged by the median.
+#   next command before the call before it ends. The select's wait for the Q/K/V kernels beside it (section 4ad
+#   item 3): one cold call STEPS="exp:TMAX=400 build exp:TMAX=60 exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2
+#   bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=2,--variant,LLAMA_DSA_STREAM_PRIO=0,--variant,LLAMA_DSA_TOPK_LID_ZERO=0,--gen,60
+#   exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 exp:PROF_FILE=/tmp/w/synth-1b-share2.gguf exp:TRACE_TAG=prio2
+#   exp:LLAMA_DSA_STREAM_PRIO=2 trace" (~500 s), `trace_summary.py --beside topk_radix_persist` on both
+#   timelines; then six or more 1B and 8B sweeps at 64K / 128K in one session, judged by the median.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
