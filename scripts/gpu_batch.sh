@@ -18,6 +18,8 @@
 #   synthbg / synth8bg         write the synthetic 1B (ASQ prototypes) / 8B Q4_K_M file in the background; Q4_K_M
 #                              needs the backend's llama-quantize, so on a fresh machine put it after `build`
 #   wait                       wait for synthbg / synth8bg
+#   packbackend                the built backend's cache entry into OUT/backend.tgz.partNN (15 MiB parts; at most 8
+#                              files of 16 MiB and 64 MiB in all come back), for a bundle that skips the build
 #   exp:VAR=VALUE              export a variable for the following steps (e.g. exp:PROF_CTX=131072); commas in
 #                              VALUE become spaces (exp:SPEED_ARGS=--index-keys,f32)
 #   speed1b=C1,C2 / speed8b=C  the speed step on the 1B / 8B file at those contexts
@@ -167,7 +169,9 @@
 #            (the 8B file is made beside decodecheck / streams; `streams` needs ~165 s for both caches)
 #   4 (warm, 18 s after call 3: written before call 3 ended): 8B sweep, streams, a 1B sweep, `trace` (347 s)
 # Next (section 4ad): a build is ~320-330 s, so a call that finds a bare machine has ~250 s left for work; write each
-#   next command before the call before it ends. The select's wait for the Q/K/V kernels beside it (section 4ad
+#   next command before the call before it ends. Or end the first call with `packbackend`, then
+#   `BACKEND_PARTS=/work/.device/N NO_MODEL=1 DSA_SDIST=... bash scripts/make_device_bundle.sh .devshare4` and carry
+#   that folder: `build` is then a cache hit (untested on the device: if the parts exceed what comes back, build again). The select's wait for the Q/K/V kernels beside it (section 4ad
 #   item 3): one cold call STEPS="exp:TMAX=400 build exp:TMAX=60 exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2
 #   bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=2,--variant,LLAMA_DSA_STREAM_PRIO=0,--variant,LLAMA_DSA_TOPK_LID_ZERO=0,--gen,60
 #   exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 exp:PROF_FILE=/tmp/w/synth-1b-share2.gguf exp:TRACE_TAG=prio2
@@ -205,6 +209,13 @@ for s in ${STEPS:-}; do
         for o in "$R"/synth*.out; do [ -s "$o" ] && { echo "$(basename "$o"):"; tail -2 "$o"; }; done ;;
   bg:*) timeout "$(rem 300)" $H "${s#bg:}" > "$R/${s#bg:}.out" 2>&1 & ;;
   waitbg) wait ;;
+  # the built backend's cache entry for the next calls (OUT/backend.tgz.partNN, 15 MiB each; a bundle made with
+  # BACKEND_PARTS=that folder installs it instead of building: scripts/make_device_bundle.sh)
+  packbackend) b=$(python3 -m dsa_convert.cli backend info --json | python3 -c "import json,sys; print(json.load(sys.stdin)['build'] or '')")
+     if [ -n "$b" ] && [ -f "$b/build.json" ]; then
+       tar cf - -C "$(dirname "$b")" "$(basename "$b")" | gzip -6 | split -b 15m -d - "$OUT/backend.tgz.part"
+       du -b "$OUT"/backend.tgz.part* | awk '{s += $1} END {printf "backend parts: %d files, %.1f MiB\n", NR, s / 1048576}'
+     else echo "packbackend: no built backend"; fi ;;
   exp:*) v=$(echo "${s#exp:}" | tr , ' '); export "$v" ;;
   speed1b=*) SPEED_CTX=${s#speed1b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;
   speed8b=*) SPEED_8B=only SPEED_CTX=${s#speed8b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;

@@ -11,6 +11,12 @@
 #
 # SHARED (default ../shared) holds models/ref-llama-27m and data/{wikitext-2-raw,calib}; the sdist comes from
 # DSA_SDIST if set, else from PyPI (pip download). Every file is rebuilt, so the script can run again.
+# A prebuilt backend: BACKEND_PARTS=DIR (the backend.tgz.partNN files a call's `packbackend` step returned) puts them
+# in the bundle and run_d.sh unpacks them into the device's backend cache, so `build` is a cache hit (pip install
+# only) as long as the patch, the sdist and the flags are the same. With NO_MODEL=1 the checkpoint's weights stay
+# out (its config and tokenizer stay): room for the parts, for speed-only calls (no retrofit / decodecheck / asq).
+# The trimmed sdist is written byte-for-byte the same each time (sorted, fixed times, gzip -n): the backend's cache
+# key hashes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.devshare3}
@@ -37,7 +43,8 @@ v=$tmp/llama_cpp_python-$VER/vendor/llama.cpp
 rm -rf "$tmp/llama_cpp_python-$VER/.git" "$v/.git" "$v/models" "$v/docs" "$v/tests" "$v/benches" "$v/media" "$v/tools/ui" \
        "$v"/tools/mtmd/*.mp4 "$v/AUTHORS" "$v/grammars" "$v/examples/llama.android" "$v/examples/llama.swiftui"
 mkdir -p "$v/tests" "$v/models" && touch "$v/tests/CMakeLists.txt"
-tar czf "$DIR/llama-trim.tar.gz" -C "$tmp" "llama_cpp_python-$VER"
+tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - -C "$tmp" "llama_cpp_python-$VER" | gzip -n -6 \
+  > "$DIR/llama-trim.tar.gz"
 
 # wheels for the device's Python (pure Python: any platform)
 gguf_ver=$(python3 -c "import importlib.metadata as m; print(m.version('gguf'))")
@@ -47,9 +54,14 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" 
 m=$SHARED/models/ref-llama-27m
 # the checkpoint's files gzipped (F16 shards: -21 %; the bundle plus the working tree must stay under 64 MiB),
 # unpacked by run_d.sh on the device
-for f in "$m"/*.json "$m"/*.safetensors; do
+weights="$m"/*.safetensors; [ -n "${NO_MODEL:-}" ] && weights=
+for f in "$m"/*.json $weights; do
   gzip -6c "$f" > "$DIR/shared/models/ref-llama-27m/$(basename "$f").gz"
 done
+if [ -n "${BACKEND_PARTS:-}" ]; then
+  ls "$BACKEND_PARTS"/backend.tgz.part* > /dev/null || { echo "error: no backend.tgz.part* in $BACKEND_PARTS" >&2; exit 2; }
+  mkdir -p "$DIR/backend" && cp "$BACKEND_PARTS"/backend.tgz.part* "$DIR/backend/"
+fi
 gzip -9c "$SHARED/data/wikitext-2-raw/wiki.test.raw" > "$DIR/shared/data/wikitext-2-raw/wiki.test.raw.gz"
 gzip -9c "$SHARED/data/calib/books-calib.txt" > "$DIR/shared/data/calib/books-calib.txt.gz"
 
@@ -59,6 +71,10 @@ cat > "$DIR/run_d.sh" <<'RUN'
 # and shared files. The work dir /tmp/w persists while the machine stays warm (backend, synthetic files, ref-dsa.gguf).
 D=$(cd "$(dirname "$0")" && pwd)
 for f in "$D"/shared/data/*/*.gz "$D"/shared/models/*/*.gz; do [ -f "${f%.gz}" ] || gunzip -k "$f"; done
+if ls "$D"/backend/backend.tgz.part* > /dev/null 2>&1; then   # a prebuilt backend (make_device_bundle.sh BACKEND_PARTS)
+  c=${DSA_CACHE:-$HOME/.cache/dsa}/backend; mkdir -p "$c" && cat "$D"/backend/backend.tgz.part* | tar xzf - -C "$c" \
+    && echo "prebuilt backend: $(ls "$c" | grep -v '\.log$' | tr '\n' ' ')"
+fi
 export SDIST=$D/llama-trim.tar.gz SHARED=$D/shared WHEELS=$D/whl WORK=${WORK:-/tmp/w}
 export TOK=${TOK:-$D/shared/models/ref-llama-27m}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

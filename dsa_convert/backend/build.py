@@ -164,6 +164,21 @@ def _ensure_runtime_deps() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "diskcache>=5.6.1", "jinja2>=2.11.3"])
 
 
+def copy_shared_libs(src: Path, dst: Path) -> None:
+    """Every ``*.so*`` under *src* into *dst* (the first of a name wins). A version link (libggml.so -> libggml.so.0 ->
+    libggml.so.0.25.3, a link to a name in its own folder) stays a link, so each library is stored once: the CUDA
+    library is the cache entry's largest file, and the entry travels to GPU machines as a tarball."""
+    for so in sorted(src.rglob("*.so*")):
+        out = dst / so.name
+        if out.exists() or out.is_symlink() or not so.exists():
+            continue
+        target = os.readlink(so) if so.is_symlink() else None
+        if target is not None and "/" not in target:
+            out.symlink_to(target)
+        elif so.is_file():
+            shutil.copy2(so, out)
+
+
 def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None:
     cache_root().mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"dsa-backend-{key}-", dir=cache_root()))
@@ -194,9 +209,7 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
             if exe is None:
                 raise BuildError(f"tool {t} was not built")
             shutil.copy2(exe, bin_dir / t)
-        for so in bdir.rglob("*.so*"):
-            if so.is_file() and not (bin_dir / so.name).exists():
-                shutil.copy2(so, bin_dir / so.name)
+        copy_shared_libs(bdir, bin_dir)
         meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
                 "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
                 "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(TOOLS)}
