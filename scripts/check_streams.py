@@ -21,7 +21,9 @@ so its logits must be bit-identical too; it must report the fold (LLAMA_DSA_LID_
 not, else the comparison says nothing about it. A fifth, with the DSA fork, runs the indexer key's LayerNorm + RoPE in
 its early form (opt-in LLAMA_DSA_NORM_ROPE_EARLY=1: weights, position and cell index read before the wait for the
 projection, the same operations in the same order): bit-identical too, and it must report that form
-(LLAMA_DSA_NORM_ROPE_EARLY_LOG=1).
+(LLAMA_DSA_NORM_ROPE_EARLY_LOG=1). A sixth gives the greatest stream priority to the Q/K/V branches instead of the
+indexer's (opt-in LLAMA_DSA_STREAM_PRIO=2): scheduling only, so bit-identical too, and its reported priority streams
+must differ from the default run's.
 
     python scripts/check_streams.py synth-1b.gguf --prefill 2600 --decode 24 --n-gpu-layers 999 [--kv f16|asq]
 
@@ -95,25 +97,27 @@ def main() -> int:
         g.close()
     shared = types is not None and not all(types)
     # name: (LLAMA_DSA_STREAMS, GGML_CUDA_GRAPH_OPT, LLAMA_DSA_LID_KFOLD, LLAMA_DSA_NORM_ROPE_EARLY,
-    #        LLAMA_DSA_STREAMS_SHARED, LLAMA_DSA_SATTN_PREFETCH)
+    #        LLAMA_DSA_STREAMS_SHARED, LLAMA_DSA_SATTN_PREFETCH, LLAMA_DSA_STREAM_PRIO)
     configs = {
-        "no fork": ("0", "0", "0", "0", "0", "0"),
-        "DSA fork (default)": ("1", "0", "0", "0", "1", "0"),
-        "DSA + upstream fork": ("1", "1", "0", "0", "1", "0"),
-        "DSA fork, key store folded": ("1", "0", "1", "0", "1", "0"),
-        "DSA fork, key norm early": ("1", "0", "0", "1", "1", "0"),
+        "no fork": ("0", "0", "0", "0", "0", "0", "1"),
+        "DSA fork (default)": ("1", "0", "0", "0", "1", "0", "1"),
+        "DSA + upstream fork": ("1", "1", "0", "0", "1", "0", "1"),
+        "DSA fork, key store folded": ("1", "0", "1", "0", "1", "0", "1"),
+        "DSA fork, key norm early": ("1", "0", "0", "1", "1", "0", "1"),
+        "DSA fork, Q/K/V priority": ("1", "0", "0", "0", "1", "0", "2"),
     }
     if shared:
-        configs["DSA fork, shared layers unforked"] = ("1", "0", "0", "0", "0", "0")
+        configs["DSA fork, shared layers unforked"] = ("1", "0", "0", "0", "0", "0", "1")
         # the shared layers' L2 prefetch of their picks (opt-in; a 4th branch beside Q, K, V): same arithmetic
-        configs["DSA fork, prefetch"] = ("1", "0", "0", "0", "1", "1")
-    runs, n_regions = {}, {}
+        configs["DSA fork, prefetch"] = ("1", "0", "0", "0", "1", "1", "1")
+    runs, n_regions, prio_streams = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="dsa-streams-") as td:
-        for i, (name, (dsa, opt, kfold, early, share, pf)) in enumerate(configs.items()):
+        for i, (name, (dsa, opt, kfold, early, share, pf, prio)) in enumerate(configs.items()):
             out = Path(td) / f"run{i}.npy"
             env = dict(os.environ, LLAMA_DSA_STREAMS=dsa, GGML_CUDA_GRAPH_OPT=opt, LLAMA_DSA_STREAMS_LOG="1",
                        LLAMA_DSA_LID_KFOLD=kfold, LLAMA_DSA_LID_KFOLD_LOG="1", LLAMA_DSA_NORM_ROPE_EARLY=early,
-                       LLAMA_DSA_NORM_ROPE_EARLY_LOG="1", LLAMA_DSA_STREAMS_SHARED=share, LLAMA_DSA_SATTN_PREFETCH=pf)
+                       LLAMA_DSA_NORM_ROPE_EARLY_LOG="1", LLAMA_DSA_STREAMS_SHARED=share, LLAMA_DSA_SATTN_PREFETCH=pf,
+                       LLAMA_DSA_STREAM_PRIO=prio)
             cmd = [sys.executable, __file__, a.gguf, "--prefill", str(a.prefill), "--decode", str(a.decode),
                    "--n-gpu-layers", str(a.n_gpu_layers), "--index-keys", a.index_keys, "--seed", str(a.seed),
                    "--kv", a.kv, "--child", str(out)]
@@ -122,7 +126,8 @@ def main() -> int:
             folded = any("key store folded" in ln for ln in p.stderr.splitlines())
             early_ran = any("in its early form" in ln for ln in p.stderr.splitlines())
             print(f"{name} (LLAMA_DSA_STREAMS={dsa} GGML_CUDA_GRAPH_OPT={opt} LLAMA_DSA_LID_KFOLD={kfold} "
-                  f"LLAMA_DSA_NORM_ROPE_EARLY={early} LLAMA_DSA_STREAMS_SHARED={share} LLAMA_DSA_SATTN_PREFETCH={pf}): "
+                  f"LLAMA_DSA_NORM_ROPE_EARLY={early} LLAMA_DSA_STREAMS_SHARED={share} LLAMA_DSA_SATTN_PREFETCH={pf} "
+                  f"LLAMA_DSA_STREAM_PRIO={prio}): "
                   f"{regions[0] if regions else 'no concurrent regions reported'}; "
                   f"key store {'folded into the indexer' if folded else 'its own kernel'}; "
                   f"key norm {'early form' if early_ran else 'plain form'}")
@@ -134,6 +139,8 @@ def main() -> int:
                 print(f"[FAIL] the run '{name}' forked no region: it says nothing about concurrent streams")
                 return 1
             n_regions[name] = int(m.group(1)) if m else 0
+            pm = re.search(r"priority streams: (.*)$", regions[0]) if regions else None
+            prio_streams[name] = pm.group(1) if pm else None
             if (kfold == "1") != folded:
                 print(f"[FAIL] the run '{name}' {'did not fold' if kfold == '1' else 'folded'} the key store: "
                       "the comparison says nothing about the fold")
@@ -146,6 +153,10 @@ def main() -> int:
     if shared and n_regions["DSA fork (default)"] <= n_regions["DSA fork, shared layers unforked"]:
         print(f"[FAIL] the shared layers' fork forked no region ({n_regions['DSA fork (default)']} regions with it, "
               f"{n_regions['DSA fork, shared layers unforked']} without): it says nothing about it")
+        return 1
+    if prio_streams["DSA fork, Q/K/V priority"] == prio_streams["DSA fork (default)"]:
+        print(f"[FAIL] LLAMA_DSA_STREAM_PRIO=2 gave the same priority streams as the default "
+              f"({prio_streams['DSA fork (default)']}): the comparison says nothing about it")
         return 1
     ok = True
     base = runs["no fork"]
