@@ -169,14 +169,21 @@
 #            (the 8B file is made beside decodecheck / streams; `streams` needs ~165 s for both caches)
 #   4 (warm, 18 s after call 3: written before call 3 ended): 8B sweep, streams, a 1B sweep, `trace` (347 s)
 # Next (section 4ad): a build is ~320-330 s, so a call that finds a bare machine has ~250 s left for work; write each
-#   next command before the call before it ends. Or end the first call with `packbackend`, then
-#   `BACKEND_PARTS=/work/.device/N NO_MODEL=1 DSA_SDIST=... bash scripts/make_device_bundle.sh .devshare4` and carry
-#   that folder: `build` is then a cache hit (untested on the device: if the parts exceed what comes back, build again). The select's wait for the Q/K/V kernels beside it (section 4ad
-#   item 3): one cold call STEPS="exp:TMAX=400 build exp:TMAX=60 exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2
-#   bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=2,--variant,LLAMA_DSA_STREAM_PRIO=0,--variant,LLAMA_DSA_TOPK_LID_ZERO=0,--gen,60
-#   exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 exp:PROF_FILE=/tmp/w/synth-1b-share2.gguf exp:TRACE_TAG=prio2
-#   exp:LLAMA_DSA_STREAM_PRIO=2 trace" (~500 s), `trace_summary.py --beside topk_radix_persist` on both
-#   timelines; then six or more 1B and 8B sweeps at 64K / 128K in one session, judged by the median.
+#   next command before the call before it ends, or carry a prebuilt backend (below). The select's wait for the
+#   Q/K/V kernels beside it (section 4ad item 3, the opt-in LLAMA_DSA_STREAM_PRIO=2):
+#   1 (cold, .devshare3 as made by make_device_bundle.sh): STEPS="bg:retrofit exp:TMAX=400 build packbackend exp:TMAX=60
+#            exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2 bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=2,--variant,LLAMA_DSA_STREAM_PRIO=0,--variant,LLAMA_DSA_TOPK_LID_ZERO=0,--gen,60
+#            exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 exp:PROF_FILE=/tmp/w/synth-1b-share2.gguf exp:TRACE_TAG=prio2
+#            exp:LLAMA_DSA_STREAM_PRIO=2 exp:TMAX=60 trace" LIMIT=590 (~540 s; `packbackend` right after the build, so the
+#            parts come back even if a later step runs out of time; the trace prints `--beside topk_radix_persist`)
+#   then here: BACKEND_PARTS=/work/.device/N NO_MODEL=1 DSA_SDIST=~/.cache/dsa/sdist/llama_cpp_python-0.3.36.tar.gz
+#            bash scripts/make_device_bundle.sh .devshare4 (carry .devshare4; its `build` is a pip install of the
+#            cached wheel when patch, sdist and flags are unchanged: untested on the device; if the parts did not all
+#            come back, build as before)
+#   2 (cold, .devshare4): STEPS="build exp:SHARE=2 synthsharebg synth8sharebg wait exp:STREAMS_FILE=/tmp/w/synth-1b-share2.gguf
+#            exp:TMAX=220 streams exp:BENCH_SHARE=2 bench1b=... bench8b=..." (streams: 8 runs per cache since
+#            check_streams.py checks STREAM_PRIO=2 too); then sweeps of both shapes at 64K / 128K, judged by the median
+#            of six or more. decodecheck / retrofit / asq need the checkpoint: the full bundle (.devshare3).
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
