@@ -18,8 +18,9 @@
 #   synthbg / synth8bg         write the synthetic 1B (ASQ prototypes) / 8B Q4_K_M file in the background; Q4_K_M
 #                              needs the backend's llama-quantize, so on a fresh machine put it after `build`
 #   wait                       wait for synthbg / synth8bg
-#   packbackend                the built backend's cache entry into OUT/backend.tgz.partNN (15 MiB parts; at most 8
-#                              files of 16 MiB and 64 MiB in all come back), for a bundle that skips the build
+#   packbackend                the built backend's cache entry into OUT/backend.txz.partNN (xz, else .tgz; 15 MiB
+#                              parts; at most 8 files of 16 MiB and 64 MiB in all come back), for a bundle that skips
+#                              the build
 #   exp:VAR=VALUE              export a variable for the following steps (e.g. exp:PROF_CTX=131072); commas in
 #                              VALUE become spaces (exp:SPEED_ARGS=--index-keys,f32)
 #   speed1b=C1,C2 / speed8b=C  the speed step on the 1B / 8B file at those contexts
@@ -216,12 +217,13 @@ for s in ${STEPS:-}; do
         for o in "$R"/synth*.out; do [ -s "$o" ] && { echo "$(basename "$o"):"; tail -2 "$o"; }; done ;;
   bg:*) timeout "$(rem 300)" $H "${s#bg:}" > "$R/${s#bg:}.out" 2>&1 & ;;
   waitbg) wait ;;
-  # the built backend's cache entry for the next calls (OUT/backend.tgz.partNN, 15 MiB each; a bundle made with
+  # the built backend's cache entry for the next calls (OUT/backend.txz.partNN, 15 MiB each; a bundle made with
   # BACKEND_PARTS=that folder installs it instead of building: scripts/make_device_bundle.sh)
   packbackend) b=$(python3 -m dsa_convert.cli backend info --json | python3 -c "import json,sys; print(json.load(sys.stdin)['build'] or '')")
      if [ -n "$b" ] && [ -f "$b/build.json" ]; then
-       tar cf - -C "$(dirname "$b")" "$(basename "$b")" | gzip -6 | split -b 15m -d - "$OUT/backend.tgz.part"
-       du -b "$OUT"/backend.tgz.part* | awk '{s += $1} END {printf "backend parts: %d files, %.1f MiB\n", NR, s / 1048576}'
+       if command -v xz > /dev/null; then z="xz -T0 -6"; ext=txz; else z="gzip -6"; ext=tgz; fi  # xz: CPU entry 10 MiB, gzip 27
+       tar cf - -C "$(dirname "$b")" "$(basename "$b")" | $z | split -b 15m -d - "$OUT/backend.$ext.part"
+       du -b "$OUT"/backend.$ext.part* | awk '{s += $1} END {printf "backend parts: %d files, %.1f MiB\n", NR, s / 1048576}'
      else echo "packbackend: no built backend"; fi ;;
   exp:*) v=$(echo "${s#exp:}" | tr , ' '); export "$v" ;;
   speed1b=*) SPEED_CTX=${s#speed1b=} timeout "$(rem 400)" $H speed > "$R/$s.out" 2>&1; echo "rc $?"; tail -4 "$R/$s.out" | cut -c1-300 ;;

@@ -11,7 +11,7 @@
 #
 # SHARED (default ../shared) holds models/ref-llama-27m and data/{wikitext-2-raw,calib}; the sdist comes from
 # DSA_SDIST if set, else from PyPI (pip download). Every file is rebuilt, so the script can run again.
-# A prebuilt backend: BACKEND_PARTS=DIR (the backend.tgz.partNN files a call's `packbackend` step returned) puts them
+# A prebuilt backend: BACKEND_PARTS=DIR (the backend.txz.partNN files a call's `packbackend` step returned) puts them
 # in the bundle and run_d.sh unpacks them into the device's backend cache, so `build` is a cache hit (pip install
 # only) as long as the patch, the sdist and the flags are the same. With NO_MODEL=1 the checkpoint's weights stay
 # out (its config and tokenizer stay): room for the parts, for speed-only calls (no retrofit / decodecheck / asq).
@@ -59,8 +59,8 @@ for f in "$m"/*.json $weights; do
   gzip -6c "$f" > "$DIR/shared/models/ref-llama-27m/$(basename "$f").gz"
 done
 if [ -n "${BACKEND_PARTS:-}" ]; then
-  ls "$BACKEND_PARTS"/backend.tgz.part* > /dev/null || { echo "error: no backend.tgz.part* in $BACKEND_PARTS" >&2; exit 2; }
-  mkdir -p "$DIR/backend" && cp "$BACKEND_PARTS"/backend.tgz.part* "$DIR/backend/"
+  ls "$BACKEND_PARTS"/backend.t?z.part* > /dev/null || { echo "error: no backend.t?z.part* in $BACKEND_PARTS" >&2; exit 2; }
+  mkdir -p "$DIR/backend" && cp "$BACKEND_PARTS"/backend.t?z.part* "$DIR/backend/"
 fi
 gzip -9c "$SHARED/data/wikitext-2-raw/wiki.test.raw" > "$DIR/shared/data/wikitext-2-raw/wiki.test.raw.gz"
 gzip -9c "$SHARED/data/calib/books-calib.txt" > "$DIR/shared/data/calib/books-calib.txt.gz"
@@ -71,8 +71,10 @@ cat > "$DIR/run_d.sh" <<'RUN'
 # and shared files. The work dir /tmp/w persists while the machine stays warm (backend, synthetic files, ref-dsa.gguf).
 D=$(cd "$(dirname "$0")" && pwd)
 for f in "$D"/shared/data/*/*.gz "$D"/shared/models/*/*.gz; do [ -f "${f%.gz}" ] || gunzip -k "$f"; done
-if ls "$D"/backend/backend.tgz.part* > /dev/null 2>&1; then   # a prebuilt backend (make_device_bundle.sh BACKEND_PARTS)
-  c=${DSA_CACHE:-$HOME/.cache/dsa}/backend; mkdir -p "$c" && cat "$D"/backend/backend.tgz.part* | tar xzf - -C "$c" \
+p=$(ls "$D"/backend/backend.t?z.part* 2> /dev/null | head -1)   # a prebuilt backend (make_device_bundle.sh BACKEND_PARTS)
+if [ -n "$p" ]; then
+  case $p in *.txz.part*) x=J ;; *) x=z ;; esac
+  c=${DSA_CACHE:-$HOME/.cache/dsa}/backend; mkdir -p "$c" && cat "${p%.part*}".part* | tar x${x}f - -C "$c" \
     && echo "prebuilt backend: $(ls "$c" | grep -v '\.log$' | tr '\n' ' ')"
 fi
 export SDIST=$D/llama-trim.tar.gz SHARED=$D/shared WHEELS=$D/whl WORK=${WORK:-/tmp/w}
