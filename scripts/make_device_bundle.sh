@@ -54,8 +54,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" 
 m=$SHARED/models/ref-llama-27m
 # the checkpoint's files gzipped (F16 shards: -21 %; the bundle plus the working tree must stay under 64 MiB),
 # unpacked by run_d.sh on the device
-weights="$m"/*.safetensors; [ -n "${NO_MODEL:-}" ] && weights=
-for f in "$m"/*.json $weights; do
+files=("$m"/*.json)
+[ -n "${NO_MODEL:-}" ] || files+=("$m"/*.safetensors)
+for f in "${files[@]}"; do
   gzip -6c "$f" > "$DIR/shared/models/ref-llama-27m/$(basename "$f").gz"
 done
 if [ -n "${BACKEND_PARTS:-}" ]; then
