@@ -169,22 +169,19 @@
 #            wait exp:BENCH_SHARE=2 bench1b=--ctx,131072:65536:16384,--gen,50 bench8b=--ctx,131072:65536:16384,--gen,50"
 #            (the 8B file is made beside decodecheck / streams; `streams` needs ~165 s for both caches)
 #   4 (warm, 18 s after call 3: written before call 3 ended): 8B sweep, streams, a 1B sweep, `trace` (347 s)
-# Next (section 4ad): a build is ~320-330 s, so a call that finds a bare machine has ~250 s left for work; write each
-#   next command before the call before it ends, or carry a prebuilt backend (below). The select's wait for the
-#   Q/K/V kernels beside it (section 4ad item 3, the opt-in LLAMA_DSA_STREAM_PRIO=2):
-#   1 (cold, .devshare3 as made by make_device_bundle.sh): STEPS="bg:retrofit exp:TMAX=400 build packbackend exp:TMAX=60
-#            exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2 bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=2,--variant,LLAMA_DSA_STREAM_PRIO=0,--variant,LLAMA_DSA_TOPK_LID_ZERO=0,--gen,60
-#            exp:TRACE_ATTN=sparse exp:TRACE_CTX=131072 exp:PROF_FILE=/tmp/w/synth-1b-share2.gguf exp:TRACE_TAG=prio2
-#            exp:LLAMA_DSA_STREAM_PRIO=2 exp:TMAX=60 trace" LIMIT=590 (~540 s; `packbackend` right after the build, so the
-#            parts come back even if a later step runs out of time; the trace prints `--beside topk_radix_persist`)
-#   then here: BACKEND_PARTS=/work/.device/N NO_MODEL=1 DSA_SDIST=~/.cache/dsa/sdist/llama_cpp_python-0.3.36.tar.gz
-#            bash scripts/make_device_bundle.sh .devshare4 (carry .devshare4; its `build` is a pip install of the
-#            cached wheel when patch, sdist and flags are unchanged: untested on the device; if the parts did not all
-#            come back, build as before)
-#   2 (cold, .devshare4): STEPS="build exp:SHARE=2 synthsharebg synth8sharebg wait exp:STREAMS_FILE=/tmp/w/synth-1b-share2.gguf
-#            exp:TMAX=220 streams exp:BENCH_SHARE=2 bench1b=... bench8b=..." (streams: 8 runs per cache since
-#            check_streams.py checks STREAM_PRIO=2 too); then sweeps of both shapes at 64K / 128K, judged by the median
-#            of six or more. decodecheck / retrofit / asq need the checkpoint: the full bundle (.devshare3).
+# RESULTS section 4ae's round (LLAMA_DSA_STREAM_PRIO=2 measured: slower; then no machine could be had):
+#   1 (cold): STEPS="bg:retrofit exp:TMAX=400 build ..." -- the build, with the retrofit beside it, passed 400 s and was
+#            killed (alone it takes 314-330 s): never run the retrofit beside a build with a tight TMAX
+#   2 (warm): STEPS="exp:TMAX=560 build packbackend exp:TMAX=60 exp:SHARE=2 synthsharebg wait exp:BENCH_SHARE=2
+#            bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=2,--variant,LLAMA_DSA_STREAM_PRIO=0,--gen,60"
+#   The CUDA backend entry is 303 MiB with xz (the wheel alone 287 MB): it cannot come back nor be carried, so every
+#   cold machine builds; `packbackend` is for the CPU entry only (10 MiB).
+# Next (section 4ae): six or more sweeps of both G = 2 shapes at 64K / 128K in one session, judged by their median:
+#   1 (cold): STEPS="exp:TMAX=400 build exp:TMAX=150 exp:SHARE=2 synthsharebg synth8sharebg wait exp:BENCH_SHARE=2
+#            bench8b=--ctx,65536:131072,--gen,33 bench1b=--ctx,65536:131072,--gen,34" LIMIT=590
+#   2.. (warm, sent at once): STEPS="exp:BENCH_SHARE=2 bench8b=--ctx,65536:131072,--gen,35 bench1b=... --gen,36 ..."
+#            (~100 s per 8B sweep, ~45 s per 1B sweep); then exp:TMAX=200 asq with the retrofit made in a warm call
+#            (acceptance 4 on this build: the reference model's sparse CUDA PPL against kernels_ref)
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
@@ -218,8 +215,9 @@ for s in ${STEPS:-}; do
   bg:*) timeout "$(rem 300)" $H "${s#bg:}" > "$R/${s#bg:}.out" 2>&1 & ;;
   waitbg) wait ;;
   # the built backend's cache entry for the next calls (OUT/backend.txz.partNN, 15 MiB each; a bundle made with
-  # BACKEND_PARTS=that folder installs it instead of building: scripts/make_device_bundle.sh)
-  packbackend) b=$(python3 -m dsa_convert.cli backend info --json | python3 -c "import json,sys; print(json.load(sys.stdin)['build'] or '')")
+  # BACKEND_PARTS=that folder installs it instead of building: scripts/make_device_bundle.sh; the CUDA entry, 303 MiB
+  # with xz, is too large to come back or be carried: RESULTS section 4ae)
+  packbackend) b=$(python3 -m dsa_convert.cli backend info --json | python3 -c "import json,sys; print(json.load(sys.stdin).get('build') or '')")
      if [ -n "$b" ] && [ -f "$b/build.json" ]; then
        if command -v xz > /dev/null; then z="xz -T0 -6"; ext=txz; else z="gzip -6"; ext=tgz; fi  # xz: CPU entry 10 MiB, gzip 27
        tar cf - -C "$(dirname "$b")" "$(basename "$b")" | $z | split -b 15m -d - "$OUT/backend.$ext.part"
@@ -232,7 +230,7 @@ for s in ${STEPS:-}; do
     f=$W/synth-1b-asq.gguf; [ "${s%%=*}" = bench8b ] && f=$W/synth-8b.gguf
     if [ -n "${BENCH_SHARE:-}" ]; then f=${f%.gguf}; f=${f%-asq}-share$BENCH_SHARE.gguf; fi
     args=$(echo "${s#*=}" | tr , ' ' | tr : ,); tag=${s%%=*}-$(echo "${s#*=}" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-60)
-    timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" $args --gen 32 --flash-attn --n-gpu-layers 999 --force \
+    timeout "$(rem 400)" python3 -m dsa_convert.cli bench "$f" --gen 32 $args --flash-attn --n-gpu-layers 999 --force \
       --jsonl "$W/bench-$tag.jsonl" > "$R/bench-$tag.out" 2>&1; echo "rc $?"; cut -c1-500 "$W/bench-$tag.jsonl" ;;
   *) n_plain=$(( ${n_plain:-0} + 1 )); o="$R/$s.$n_plain.out" # numbered: a step may run twice (other exp: values)
      timeout "$(rem "${TMAX:-400}")" $H "$s" > "$o" 2>&1; echo "rc $?"; tail -3 "$o" ;;

@@ -15,6 +15,8 @@
 # in the bundle and run_d.sh unpacks them into the device's backend cache, so `build` is a cache hit (pip install
 # only) as long as the patch, the sdist and the flags are the same. With NO_MODEL=1 the checkpoint's weights stay
 # out (its config and tokenizer stay): room for the parts, for speed-only calls (no retrofit / decodecheck / asq).
+# This works for a CPU entry (10 MiB); the CUDA entry is 303 MiB with xz (the wheel alone 287 MB), past what a call
+# returns or carries, so a GPU machine builds each time (RESULTS section 4ae).
 # The trimmed sdist is written byte-for-byte the same each time (sorted, fixed times, gzip -n): the backend's cache
 # key hashes it.
 set -euo pipefail
