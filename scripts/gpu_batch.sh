@@ -182,6 +182,8 @@
 #   2.. (warm, sent at once): STEPS="exp:BENCH_SHARE=2 bench8b=--ctx,65536:131072,--gen,35 bench1b=... --gen,36 ..."
 #            (~100 s per 8B sweep, ~45 s per 1B sweep); then exp:TMAX=200 asq with the retrofit made in a warm call
 #            (acceptance 4 on this build: the reference model's sparse CUDA PPL against kernels_ref)
+#   first, while the build runs (no backend needed): nvcc -O3 -std=c++17 -arch=sm_90 scripts/cuda/mmvq_check.cu -o
+#            /tmp/w/mmvq_check && /tmp/w/mmvq_check (the weights' mat-vec layouts, RESULTS section 4ae item 5; ~1 min)
 #   judge: python3 scripts/sweep_ratios.py r/bench-*.jsonl --markdown (after tagging each file's rows with a `source`
 #            as docs/data/speed-*.jsonl do; untagged, each jsonl file is one group)
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
