@@ -13,6 +13,8 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 scripts/cuda/mmvq_check.cu -o mmvq_check && ./mmvq_check
 // Exit status 0 when every layout matches the CPU reference.
+// The work split (which thread takes which bytes) is transcribed in numpy and checked without a GPU by
+// scripts/cuda/emulate_mmvq_pieces.py.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
