@@ -76,6 +76,7 @@ def pair_rows(rows: list[dict], where: str = "") -> tuple[list[Pair], int]:
     pairs: list[Pair] = []
     pending: dict[tuple, list[dict]] = {}
     last_dense: dict[tuple, dict] = {}
+    orphan_variants = 0
     for r in rows:
         if "error" in r or "ctx" not in r or r.get("attn") not in ("sparse", "dense"):
             continue
@@ -91,10 +92,10 @@ def pair_rows(rows: list[dict], where: str = "") -> tuple[list[Pair], int]:
             if d is not None:
                 pairs.append(Pair(group, model, r["ctx"], r["variant"], r, d))
             else:
-                pending.setdefault(("unpaired",), []).append(r)
+                orphan_variants += 1
         else:
             pending.setdefault(key, []).append(r)
-    return pairs, sum(len(v) for v in pending.values())
+    return pairs, orphan_variants + sum(len(v) for v in pending.values())
 
 
 def summarize(pairs: list[Pair], goals: dict[int, float]) -> list[dict]:
