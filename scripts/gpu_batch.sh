@@ -184,8 +184,8 @@
 #            (acceptance 4 on this build: the reference model's sparse CUDA PPL against kernels_ref)
 #   first, while the build runs (no backend needed): nvcc -O3 -std=c++17 -arch=sm_90 scripts/cuda/mmvq_check.cu -o
 #            /tmp/w/mmvq_check && /tmp/w/mmvq_check (the weights' mat-vec layouts, RESULTS section 4ae item 5; ~1 min)
-#   judge: python3 scripts/sweep_ratios.py r/bench-*.jsonl --markdown (after tagging each file's rows with a `source`
-#            as docs/data/speed-*.jsonl do; untagged, each jsonl file is one group)
+#   judge: python3 scripts/sweep_ratios.py r/bench-*.jsonl --markdown (rows without a `source` tag are grouped per
+#            jsonl file, and every bench step writes its own file)
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail

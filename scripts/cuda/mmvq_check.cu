@@ -6,8 +6,8 @@
 //   layout "W x R (v)": W warps per row, R rows per thread block, v pieces of 8 weight bytes per load. "4x1 (1)" is
 //   upstream's layout for one column on NVIDIA (4 warps per row, one row per block, 8 bytes per thread and step: its
 //   vdr 2 for Q4_K); the others put one warp on a row and several rows in a block.
-//   Each case: the kernel checked against a double-precision CPU dot product (relative error < 1e-4 of the row's
-//   magnitude), then timed over 400 launches in one CUDA graph that cycle through enough copies of the matrix to miss
+//   Each case: the kernel checked against a double-precision CPU dot product (error < 1e-4 of the largest |result|
+//   of the matrix), then timed over 400 launches in one CUDA graph that cycle through enough copies of the matrix to miss
 //   the L2 (kernel to kernel as in llama.cpp's decode graphs), next to a
 //   plain read of the same bytes (the "read" line: what the memory gives to a kernel of this size).
 //
