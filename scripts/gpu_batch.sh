@@ -176,16 +176,16 @@
 #            bench1b=--ctx,131072,--variant,LLAMA_DSA_STREAM_PRIO=2,--variant,LLAMA_DSA_STREAM_PRIO=0,--gen,60"
 #   The CUDA backend entry is 303 MiB with xz (the wheel alone 287 MB): it cannot come back nor be carried, so every
 #   cold machine builds; `packbackend` is for the CPU entry only (10 MiB).
-# Next (section 4ae): six or more sweeps of both G = 2 shapes at 64K / 128K in one session, judged by their median:
-#   1 (cold): STEPS="exp:TMAX=400 build exp:TMAX=150 exp:SHARE=2 synthsharebg synth8sharebg wait exp:BENCH_SHARE=2
-#            bench8b=--ctx,65536:131072,--gen,33 bench1b=--ctx,65536:131072,--gen,34" LIMIT=590
-#   2.. (warm, sent at once): STEPS="exp:BENCH_SHARE=2 bench8b=--ctx,65536:131072,--gen,35 bench1b=... --gen,36 ..."
-#            (~100 s per 8B sweep, ~45 s per 1B sweep); then exp:TMAX=200 asq with the retrofit made in a warm call
-#            (acceptance 4 on this build: the reference model's sparse CUDA PPL against kernels_ref)
-#   first, while the build runs (no backend needed): nvcc -O3 -std=c++17 -arch=sm_90 scripts/cuda/mmvq_check.cu -o
-#            /tmp/w/mmvq_check && /tmp/w/mmvq_check (the weights' mat-vec layouts, RESULTS section 4ae item 5; ~1 min)
+# RESULTS section 4af's round (four sweeps of both G = 2 shapes; the mat-vec check):
+#   1 (cold, 527 s): (nvcc -O3 -std=c++17 -arch=sm_90 scripts/cuda/mmvq_check.cu -o /tmp/mmvq_check && /tmp/mmvq_check) &
+#            STEPS="exp:TMAX=400 build exp:TMAX=150 exp:SHARE=2 synthsharebg synth8sharebg wait exp:BENCH_SHARE=2
+#            bench8b=--ctx,65536:131072,--gen,33 bench1b=--ctx,65536:131072,--gen,34" LIMIT=588  (build 261 s)
+#   2 (warm, sent at once, 556 s): STEPS="exp:BENCH_SHARE=2 bench1b=--ctx,65536:131072,--gen,35 bench8b=...,--gen,36
+#            ... bench1b=...,--gen,41" LIMIT=555 (8B sweep ~110 s, 1B ~55 s)
 #   judge: python3 scripts/sweep_ratios.py r/bench-*.jsonl --markdown (rows without a `source` tag are grouped per
 #            jsonl file, and every bench step writes its own file)
+# Next: acceptance 4 on the current build (warm call: `retrofit`, then exp:TMAX=200 asq; never the retrofit beside a
+#   build), and if the weights' mat-vec is taken on (section 4af item 2), an A/B of the patched mmvq in one sweep.
 # Standalone checks need no backend build: `bash scripts/cuda/run_cuda_check.sh lidtk|topk OUTDIR` (section 4n item 6
 # ran both in 240 s on a cold machine).
 set -uo pipefail
