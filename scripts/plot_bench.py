@@ -14,33 +14,17 @@ line NAME in the legend (everything after the first '=' is the variant, e.g. V1=
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
-from dsa_convert.eval.bench import PLOT_METRICS, write_plot  # noqa: E402
+from dsa_convert.eval.bench import PLOT_METRICS, read_jsonl, write_plot  # noqa: E402
 
 
 def load_rows(path: Path, match: str | None) -> list[dict]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise BadInputError(f"cannot read {path}: {e.strerror or e}") from None
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            raise BadInputError(f"{path}:{n}: not a JSON object") from None
-        if not isinstance(r, dict) or not {"ctx", "attn"} <= r.keys():
-            raise BadInputError(f"{path}:{n}: not a dsa bench row (no ctx / attn)")
-        if match is None or match in str(r.get("file", "")):
-            rows.append(r)
+    rows = [r for r in read_jsonl(path, require_row=True) if match is None or match in str(r.get("file", ""))]
     if not any("error" not in r and "decode_tok_s" in r for r in rows):
         raise BadInputError(f"{path}: no finished rows" + (f" whose file contains {match!r}" if match else ""))
     return rows

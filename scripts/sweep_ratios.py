@@ -19,12 +19,16 @@ GPU-side ratio: the same with each row's host µs per decoded token (graph + inp
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsa_convert.errors import DsaError  # noqa: E402
+from dsa_convert.eval.bench import read_jsonl  # noqa: E402
 
 DEFAULT_GOALS = {65536: 1.7, 131072: 2.5}   # issue 6's decode goals
 
@@ -58,17 +62,6 @@ def gpu_ms(row: dict) -> float | None:
     if not h or ms is None:
         return None
     return ms - sum(h.get(k, 0.0) for k in ("graph", "inputs", "launch")) / 1000
-
-
-def read_rows(path: Path) -> list[dict]:
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"error: {path}:{n}: not JSON ({e.msg})") from None
-    return rows
 
 
 def pair_rows(rows: list[dict], where: str = "") -> tuple[list[Pair], int]:
@@ -136,9 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     for f in a.files:
         if not f.is_file():
             ap.error(f"no such file: {f}")
-        rows = [r for r in read_rows(f)
-                if (a.match is None or a.match in str(r.get("file", "")))
-                and (src is None or src.search(str(r.get("source", ""))))]
+        try:
+            rows = [r for r in read_jsonl(f)
+                    if (a.match is None or a.match in str(r.get("file", "")))
+                    and (src is None or src.search(str(r.get("source", ""))))]
+        except DsaError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
         p, u = pair_rows(rows, where=f.name)
         pairs += p
         unpaired += u

@@ -440,6 +440,30 @@ def write_plot(rows: list[dict], out: Path, title: str, metric: str = "decode") 
     return out
 
 
+def read_jsonl(path: Path, require_row: bool = False) -> list[dict]:
+    """The rows of a `--jsonl` file (one JSON object per line, blank lines skipped), for the scripts that judge or plot
+    saved sweeps; an unreadable file, a line that is not a JSON object or (require_row) an object without `ctx` and
+    `attn` is a BadInputError naming the line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise BadInputError(f"cannot read {path}: {e.strerror or e}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadInputError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(r, dict):
+            raise BadInputError(f"{path}:{n}: not a JSON object")
+        if require_row and not {"ctx", "attn"} <= r.keys():
+            raise BadInputError(f"{path}:{n}: not a dsa bench row (no ctx / attn)")
+        rows.append(r)
+    return rows
+
+
 def ratios(rows: list[dict]) -> list[dict]:
     """Sparse ÷ dense tok/s per ctx of one sweep (issue #6's measure): one entry per sparse row, plain or variant,
     whose ctx has a dense row; a variant is compared with the sweep's own dense row."""
