@@ -2,7 +2,7 @@
 
 Steps: locate (or `pip download`) the sdist -> untar -> apply ``patches/llama.cpp/*.patch``
 to ``vendor/llama.cpp`` -> ``pip wheel`` with ``CMAKE_ARGS`` (build dir kept) -> build the
-vendored tools (llama-perplexity, llama-quantize, llama-imatrix, llama-bench) in the same
+vendored tools (llama-perplexity, llama-quantize, llama-imatrix, llama-bench, llama-passkey) in the same
 tree -> cache wheel + tools under a key of version + sdist hash + patch hash + flags.
 A second build with the same key is a cache hit: only ``pip install`` of the cached wheel.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 VENDORED_LLAMA_CPP_COMMIT = "0c1e57098"
-TOOLS = ("llama-perplexity", "llama-quantize", "llama-imatrix", "llama-bench")
+TOOLS = ("llama-perplexity", "llama-quantize", "llama-imatrix", "llama-bench", "llama-passkey")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PATCH_DIR = REPO_ROOT / "patches" / "llama.cpp"
 
@@ -56,7 +56,7 @@ class BuildConfig:
             "-DLLAMA_BUILD_SERVER=OFF",
             "-DLLAMA_BUILD_APP=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=ON",   # llama-passkey (examples/passkey): the upstream long-context client
         ]
         if self.cuda:
             args += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_arch}"]

@@ -123,3 +123,52 @@ class NllAccumulator:
         ppl = math.exp(mean)
         err = math.sqrt(var / (self.count - 1)) * ppl if var > 0 and self.count > 1 else 0.0
         return ppl, err
+
+
+def log_softmax64(logits) -> np.ndarray:
+    """Row-wise log-softmax in float64 of logits [n, vocab] (numpy or torch)."""
+    if not isinstance(logits, np.ndarray):
+        logits = logits.detach().double().cpu().numpy()
+    lg = np.asarray(logits, dtype=np.float64)
+    m = lg.max(axis=-1, keepdims=True)
+    return lg - (m + np.log(np.exp(lg - m).sum(axis=-1, keepdims=True)))
+
+
+@dataclass
+class KldAccumulator:
+    """KL divergence of a run against a base run on the same tokens, as `llama-perplexity --kl-divergence` reports it
+    (tools/perplexity/perplexity.cpp, `kl_divergence()`): per scored token KL(p_base ‖ p) in nats, its mean with the
+    standard error, percentiles, and how often both runs rank the same token first ("same top p")."""
+
+    kld: list[np.ndarray] = field(default_factory=list)
+    same_top: int = 0
+    dp: list[np.ndarray] = field(default_factory=list)   # p(target) − p_base(target), llama-perplexity's Δp
+
+    def add(self, base_logits, logits, targets, rows_per_block: int = 1024) -> None:
+        """Both [n, vocab] for the same n scored positions; targets [n] the next tokens. Float64 work in blocks of
+        rows, so a 32K-token chunk's half (16K x vocab) never exists in float64 at once."""
+        t = np.asarray(targets, dtype=np.int64)
+        for a in range(0, t.size, rows_per_block):
+            b = min(t.size, a + rows_per_block)
+            lb, lq = log_softmax64(base_logits[a:b]), log_softmax64(logits[a:b])
+            pb = np.exp(lb)
+            self.kld.append((pb * (lb - lq)).sum(axis=-1))
+            self.same_top += int((lb.argmax(-1) == lq.argmax(-1)).sum())
+            rows = np.arange(b - a)
+            self.dp.append(np.exp(lq[rows, t[a:b]]) - pb[rows, t[a:b]])
+
+    @property
+    def count(self) -> int:
+        return int(sum(k.size for k in self.kld))
+
+    def result(self) -> dict:
+        if not self.count:
+            return {}
+        k = np.concatenate(self.kld)
+        dp = np.concatenate(self.dp)
+        n = k.size
+        top = self.same_top / n
+        return {"kld_mean": float(k.mean()), "kld_stderr": float(k.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
+                "kld_median": float(np.median(k)), "kld_p99": float(np.percentile(k, 99)), "kld_max": float(k.max()),
+                "same_top_p": top, "same_top_p_stderr": math.sqrt(top * (1 - top) / n),
+                "delta_p_mean": float(dp.mean()), "delta_p_rms": float(np.sqrt((dp ** 2).mean())), "kld_tokens": n}
