@@ -37,14 +37,18 @@ class DsaConfig:
     asq_samples: int = 32768            # vectors per (layer, KV head, K/V) given to k-means
     # ---- calibration / training
     calib: Path = Path("calib.txt")
-    ctx: Optional[int] = None           # calibration chunk length; None -> min(2048, model context)
-    calib_chunks: int = 32              # chunks of ctx tokens read from the calibration text
+    ctx: Optional[int] = None           # calibration context (--calib-ctx); None -> the model's trained context,
+                                        # capped by the memory the calibration activations need (CalibPlan)
+    calib_tokens: Optional[int] = None  # training tokens (ctx x chunks); None -> 65536 up to a 2K context, else 524288
+                                        # on a GPU and 131072 on a CPU (the CPU's time budget)
+    calib_chunks: Optional[int] = None  # chunks of ctx tokens to train on; None -> calib_tokens // ctx (at least 1)
     steps: int = 400                    # dense KL warm-up steps per layer
     sparse_steps: Optional[int] = None  # sparse-phase KL steps per layer; None -> steps
     sparse_target: str = "middle"       # sparse-phase KL over: middle ([S, t-L], default) | selected (DeepSeek)
     lr: float = 2e-3
     query_rows: int = 256               # query rows sampled per step (from t >= top_k)
-    split_chunks: int = 4               # held-out calibration chunks used to score S/L candidates
+    split_chunks: Optional[int] = None  # held-out chunks that score S/L candidates and the layer placement; None ->
+                                        # an eighth of the training chunks, 1 to 4
     device: str = "auto"                # auto | cpu | cuda | cuda:N
     seed: int = 0
     threads: Optional[int] = None       # torch CPU threads (None -> leave as is)
@@ -82,8 +86,16 @@ class DsaConfig:
             raise BadInputError("--steps must be >= 0")
         if self.sparse_target not in ("selected", "middle"):
             raise BadInputError(f"sparse target must be selected or middle (got {self.sparse_target!r})")
-        if self.calib_chunks < 1:
+        if self.calib_chunks is not None and self.calib_chunks < 1:
             raise BadInputError("need at least one calibration chunk")
+        if self.split_chunks is not None and self.split_chunks < 0:
+            raise BadInputError(f"split chunks must be >= 0 (got {self.split_chunks})")
+        if self.ctx is not None and self.ctx < 16:
+            raise BadInputError(f"--calib-ctx must be >= 16 (got {self.ctx})")
+        if self.ctx is not None and self.top_k >= self.ctx:
+            raise BadInputError(f"--top-k {self.top_k} must be smaller than --calib-ctx {self.ctx}")
+        if self.calib_tokens is not None and self.calib_tokens < 1:
+            raise BadInputError(f"--calib-tokens must be >= 1 (got {self.calib_tokens})")
         if not Path(self.calib).is_file():
             raise BadInputError(f"calibration file not found: {self.calib}")
         return self

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..kernels_ref.indexer import IndexerWeights, indexer_qkw, scores_from_qkw
+from ..kernels_ref.indexer import IndexerWeights, rope_neox, scores_from_qkw
 from ..kernels_ref.selection import select_tokens, select_blocks
 
 ProgressFn = Callable[[dict], None]
@@ -69,9 +69,14 @@ def dense_target(q: Tensor, k: Tensor, rows: Tensor, scale: float) -> Tensor:
 
 
 def _row_scores(w: IndexerWeights, x: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
-    """Indexer scores [R, T] for query rows (−inf for s > t)."""
-    q, k, wt = indexer_qkw(x, positions, w)
-    s = scores_from_qkw(q[:, rows], k, wt[rows], causal=False)
+    """Indexer scores [R, T] for query rows (−inf for s > t). Keys for every position, queries and weights for the rows
+    only: at a 32K calibration context the queries of all positions would be most of a step's work."""
+    H, D = w.n_head, w.head_dim
+    k = rope_neox(torch.nn.functional.layer_norm(x @ w.W_k.T, (D,), w.gamma, w.beta, w.eps), positions, w.rope_dim,
+                  w.freq_base)                                                    # [T, D]
+    xr = x[rows]
+    q = rope_neox((xr @ w.W_q.T).view(-1, H, D).transpose(0, 1), positions[rows], w.rope_dim, w.freq_base)
+    s = scores_from_qkw(q, k, xr @ w.W_w.T, causal=False)
     bad = torch.arange(x.shape[0], device=x.device)[None, :] > rows[:, None]
     return s.masked_fill(bad, float("-inf"))
 

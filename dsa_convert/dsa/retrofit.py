@@ -32,8 +32,9 @@ from gguf import GGUFValueType
 
 from ..errors import BadInputError
 from ..kernels_ref.indexer import IndexerWeights
+from ..resources import peak_rss_mib
 from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
-from .calib import calib_chunks
+from .calib import activation_bytes_per_token, calib_chunks, plan_calibration
 from .config import DsaConfig
 from .indexer_train import LayerCalib, TrainLog, eval_kl, init_indexer, train_layer
 from .placement import choose_full_layers, n_full_layers
@@ -182,12 +183,17 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     dev = cfg.resolve_device()
     model = model or RefModel.from_hf(Path(model_dir), device=dev)
     hp = model.hp
-    ctx = cfg.ctx or min(2048, _model_ctx(model))
+    group = 1 if cfg.searches_placement else cfg.index_share
+    plan = plan_calibration(ctx=cfg.ctx, calib_tokens=cfg.calib_tokens, calib_chunks=cfg.calib_chunks,
+                            split_chunks=cfg.split_chunks, model_ctx=_model_ctx(model), device=dev,
+                            bytes_per_token=activation_bytes_per_token(hp.n_embd, hp.n_head, hp.n_head_kv,
+                                                                       hp.head_dim, members=group))
+    ctx, n_train, n_held = plan.ctx, plan.n_train, plan.n_held
     if cfg.top_k >= ctx:
-        raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx}")
+        raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx} "
+                            f"({plan.reason}; pass --calib-ctx)")
     if cfg.cluster_num is not None and hp.head_dim < 2:
         raise BadInputError("ASQ needs head_dim >= 2")
-    n_train, n_held = cfg.calib_chunks, cfg.split_chunks
     tokens = calib_chunks(cfg.calib, Path(model_dir), ctx, n_train + n_held)
     pos = torch.arange(ctx, device=model.device)
     emit = progress or (lambda d: None)
@@ -199,7 +205,13 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     indexers: dict[int, IndexerWeights] = {}
     asq_layers: list[LayerAsq] = []
     rep: dict = {"config": cfg.to_dict(), "ctx": ctx, "device": dev, "freq_base": hp.rope.base,
-                 "calib_tokens": int(tokens.numel()), "layers": {}}
+                 "calib_tokens": int(tokens.numel()),
+                 "calibration": {"ctx": ctx, "ctx_source": plan.reason, "train_chunks": n_train, "held_chunks": n_held,
+                                 "train_tokens": plan.train_tokens, "held_tokens": n_held * ctx,
+                                 "activation_bytes_per_token": plan.bytes_per_token},
+                 "layers": {}}
+    if dev.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     per_chunk = max(1, math.ceil(cfg.asq_samples / max(1, n_train)))
 
     def kw(il: int) -> dict:
@@ -285,6 +297,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             tensors[f"blk.{il}.dsa.asq_k_proto"] = np.ascontiguousarray(la.k_proto[key_space].numpy())
             tensors[f"blk.{il}.dsa.asq_v_proto"] = np.ascontiguousarray(la.v_proto.numpy())
     rep["seconds"] = time.time() - t_start
+    rep["peak_rss_mib"] = peak_rss_mib()
+    if dev.startswith("cuda"):
+        rep["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     emit({"stage": "done", "seconds": rep["seconds"]})
     return DsaResult(arch=hp.arch, kv=dsa_kv(hp.arch, cfg, sink, local, split_source, key_space, types),
                      tensors=tensors, report=rep)
