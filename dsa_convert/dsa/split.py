@@ -24,10 +24,11 @@ def calib_nll(model, tokens: torch.Tensor, attention, start: int) -> float:
     """Mean next-token NLL (nats) over positions >= start of each chunk in tokens [N, T]."""
     tot, cnt = 0.0, 0
     for row in tokens:
-        lg = model.forward(row, attention=attention).double()
-        lp = torch.log_softmax(lg[start:-1], -1)
-        tgt = row[start + 1:].to(lp.device)
-        tot += float(-lp.gather(1, tgt[:, None]).sum())
+        lg = model.forward(row, attention=attention)
+        tgt = row[start + 1:].to(lg.device)
+        for a in range(start, lg.shape[0] - 1, 2048):       # float64 a block of rows at a time: [32K, vocab] is 4 GB
+            lp = torch.log_softmax(lg[a:min(a + 2048, lg.shape[0] - 1)].double(), -1)
+            tot += float(-lp.gather(1, tgt[a - start:a - start + lp.shape[0], None]).sum())
         cnt += tgt.numel()
     return tot / max(cnt, 1)
 
