@@ -322,7 +322,7 @@ def test_bench_stop_during_a_variant_stops_its_process(tiny, sig, code, msg):
 
 def test_variant_process_module_imports_no_numpy():
     """A variant's process loads llama.cpp before anything imports numpy (on the H200 image the other order segfaults
-    inside llama_model_load, RESULTS §4j): its module imports nothing heavy, and the job (which imports eval.bench
+    inside llama_model_load, docs/history §4j): its module imports nothing heavy, and the job (which imports eval.bench
     and numpy when unpickled) is read after the preload."""
     code = ("import sys, dsa_convert.eval.variant_proc as v, inspect; "
             "src = inspect.getsource(v.main); "
@@ -382,10 +382,11 @@ def test_parse_host_timing_keeps_decode_and_prefill_lines_apart():
 
 @requires_backend
 def test_profile_prefill_reports_host_time_per_fill_ubatch(tiny):
-    """scripts/profile_decode.py --what prefill: the fill runs with the patch's host timing for multi-token ubatches
-    (one record per fill ubatch, none for the measured last one), read back from the log at context free."""
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_decode.py"), str(tiny), "--ctx", "512",
-                        "--batch", "128", "--what", "prefill", "--attn", "sparse,dense"],
+    """scripts/bench/profile_decode.py --what prefill: the fill runs with the patch's host timing for multi-token
+    ubatches (one record per fill ubatch, none for the measured last one), read back from the log at context free."""
+    script = REPO / "scripts" / "bench" / "profile_decode.py"
+    r = subprocess.run([sys.executable, str(script), str(tiny), "--ctx", "512", "--batch", "128", "--what", "prefill",
+                        "--attn", "sparse,dense"],
                        capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout.strip().splitlines()[-1])

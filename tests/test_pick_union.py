@@ -1,10 +1,11 @@
-"""scripts/pick_union.py's tile-union arithmetic (RESULTS §4q item 7)."""
+"""scripts/bench/pick_union.py's tile-union arithmetic (docs/history §4q item 7)."""
 import importlib.util
 from pathlib import Path
 
 import torch
 
-_spec = importlib.util.spec_from_file_location("pick_union", Path(__file__).resolve().parent.parent / "scripts" / "pick_union.py")
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "pick_union.py"
+_spec = importlib.util.spec_from_file_location("pick_union", SCRIPT)
 pick_union = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pick_union)
 

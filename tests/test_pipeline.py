@@ -19,7 +19,7 @@ from conftest import make_tiny_model
 
 from dsa_convert.errors import BadInputError
 from dsa_convert.pipeline import run
-from dsa_convert.pipeline.runner import RunOptions, cli_command
+from dsa_convert.pipeline.runner import RunOptions
 from dsa_convert.pipeline.spec import parse
 
 STUB = '''
@@ -287,8 +287,6 @@ def test_example_pipeline_parses():
 
 @pytest.mark.slow
 @pytest.mark.backend
-@pytest.mark.skipif(cli_command("quantize") is None or cli_command("eval") is None,
-                    reason="`dsa quantize` / `dsa eval` not in this installation yet")
 def test_real_quantize_eval(tmp_path):
     """The example pipeline end to end with the real commands, then a second run skips every step."""
     root = Path(__file__).resolve().parents[1]

@@ -1,4 +1,5 @@
-"""scripts/sweep_ratios.py: pairing of bench rows into same-run sparse ÷ dense ratios, and the per-ctx summary."""
+"""scripts/bench/sweep_ratios.py: pairing of bench rows into same-run sparse ÷ dense ratios, and the per-ctx
+summary."""
 import json
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import sweep_ratios as sr  # noqa: E402
 
 
@@ -63,7 +64,7 @@ def test_cli_markdown_and_bad_input(tmp_path):
     f.write_text("\n".join(json.dumps(r) for r in [row("sparse", 65536, 700), row("dense", 65536, 400)]) + "\n")
 
     def run(*a):
-        return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_ratios.py"), *a],
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "sweep_ratios.py"), *a],
                               capture_output=True, text=True)
 
     ok = run(str(f), "--markdown")

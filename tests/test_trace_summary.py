@@ -1,4 +1,4 @@
-"""scripts/trace_summary.py on a hand-made timeline (the CSV that scripts/cuda/kernel_trace.c writes)."""
+"""scripts/bench/trace_summary.py on a hand-made timeline (the CSV that scripts/gpu/cuda/kernel_trace.c writes)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,9 +9,11 @@ import pytest
 
 from conftest import REPO
 
+SCRIPT = REPO / "scripts" / "bench" / "trace_summary.py"
+
 
 def _module():
-    spec = importlib.util.spec_from_file_location("trace_summary", REPO / "scripts" / "trace_summary.py")
+    spec = importlib.util.spec_from_file_location("trace_summary", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["trace_summary"] = mod   # dataclasses look their module up by name
     spec.loader.exec_module(mod)
@@ -85,7 +87,7 @@ def test_tokens_spans_and_charged_time_add_up(trace_csv):
 
 
 def test_cli_prints_a_table_and_rejects_a_trace_without_window(trace_csv, tmp_path):
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), "--names",
+    out = subprocess.run([sys.executable, str(SCRIPT), str(trace_csv), "--names",
                           "sparse", "--chain", "norm,combine", "--follow", "indexer,topk", "--beside", "proj",
                           "--beside", "topk"],
                          capture_output=True, text=True, check=True).stdout
@@ -99,10 +101,10 @@ def test_cli_prints_a_table_and_rejects_a_trace_without_window(trace_csv, tmp_pa
     assert "outside_the_window" not in out
     bare = tmp_path / "bare.csv"
     bare.write_text("K,1,2,7,1,1,1,1,k\n")
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(bare)],
+    res = subprocess.run([sys.executable, str(SCRIPT), str(bare)],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "no profiler window" in res.stderr and "Traceback" not in res.stderr
     for opt in ("--chain", "--follow"):
-        res = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_summary.py"), str(trace_csv), opt, "norm"],
+        res = subprocess.run([sys.executable, str(SCRIPT), str(trace_csv), opt, "norm"],
                              capture_output=True, text=True)
         assert res.returncode != 0 and f"{opt} 'norm': give two name parts" in res.stderr and "Traceback" not in res.stderr

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..errors import BadInputError
 from . import state as st
+from .commands import PATH, Command, command
 from .spec import ModelSpec, PipelineSpec, StepSpec, resolve_path
 
 OK, SKIPPED, FAILED, NOT_RUN = "ok", "skipped", "failed", "not-run"
@@ -46,78 +47,38 @@ class StepResult:
 
 
 # ---------------------------------------------------------------- command lines
-def cli_command(kind: str):
-    """The click command behind `dsa KIND`, or None when this installation lacks it."""
-    try:
-        import typer
-
-        from ..cli import app
-
-        return typer.main.get_command(app).commands.get(kind)
-    except Exception:
-        return None
-
-
-def _flag_for(cmd, key: str):
-    """(click.Option, flag string) for a TOML option key, or (None, None)."""
-    if cmd is None:
-        return None, None
-    for p in cmd.params:
-        if getattr(p, "param_type_name", "") != "option":
-            continue
-        for o in p.opts:
-            if o.startswith("--") and o[2:].replace("-", "_") == key:
-                return p, o
-        if p.name == key:
-            return p, next(o for o in p.opts if o.startswith("-"))
-    return None, None
-
-
 def check_options(spec: PipelineSpec) -> None:
-    """Reject option names the installed `dsa KIND` command does not have (one line, exit 3)."""
+    """Reject option names that `dsa KIND` does not have (one line, exit 3)."""
     for m in spec.models:
         for s in m.steps:
-            cmd = cli_command(s.kind)
-            if cmd is None:
-                continue  # command not installed: the step fails when it runs
+            cmd = command(s.kind)
             for key in s.options:
-                p, _ = _flag_for(cmd, key)
-                if p is None:
-                    known = sorted(o[2:].replace("-", "_") for q in cmd.params
-                                   if getattr(q, "param_type_name", "") == "option"
-                                   for o in q.opts[:1] if o.startswith("--") and o not in ("--json", "--force"))
+                if cmd.option(key) is None:
+                    known = ", ".join(sorted(cmd.options))
                     raise BadInputError(f"{spec.file.name}: model {m.name!r} step {s.name!r}: `dsa {s.kind}` has no "
-                                        f"option {key!r} (known: {', '.join(known)})")
+                                        f"option {key!r} (known: {known})")
 
 
-def _is_path_param(p) -> bool:
-    """Path-typed option (click.Path, or a Typer parameter annotated with pathlib.Path)."""
-    t = getattr(p, "type", None)
-    if t is not None and type(t).__name__ == "Path":
-        return True
-    ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
-    return ann is not None and "Path" in repr(ann)
-
-
-def option_argv(step: StepSpec, base: Path, cmd) -> tuple[list[str], list[Path]]:
-    """TOML options -> CLI flags; returns (argv, input paths named by options)."""
+def option_argv(step: StepSpec, base: Path, cmd: Command | None) -> tuple[list[str], list[Path]]:
+    """TOML options -> CLI flags; returns (argv, input paths named by options). Without a command table entry
+    (`cmd` None: a stand-in CLI) a key becomes `--key-with-dashes` and a value with a `/` a path."""
     argv: list[str] = []
     paths: list[Path] = []
     for key, val in sorted(step.options.items()):
-        p, flag = _flag_for(cmd, key)
-        flag = flag or "--" + key.replace("_", "-")
+        opt = cmd.option(key) if cmd is not None else None
+        flag = opt.flag if opt is not None else "--" + key.replace("_", "-")
         values = val if isinstance(val, list) else [val]
         for v in values:
             if isinstance(v, bool):
                 if v:
                     argv.append(flag)
-                elif p is not None and getattr(p, "secondary_opts", None):
-                    argv.append(p.secondary_opts[0])
+                elif opt is not None and opt.off_flag:
+                    argv.append(opt.off_flag)
                 continue
             s = str(v)
-            is_path = p is not None and _is_path_param(p)
+            is_path = opt is not None and opt.kind == PATH
             cand = resolve_path(s, base) if isinstance(v, str) else None
-            if is_path or (cand is not None and (cand.exists() or (p is None and "/" in s))):
+            if is_path or (cand is not None and (cand.exists() or (opt is None and "/" in s))):
                 s = str(cand)
                 if cand.exists():
                     paths.append(cand)
@@ -146,20 +107,14 @@ def step_output(workdir: Path, model: ModelSpec, step: StepSpec) -> Path:
     return workdir / model.name / f"{step.name}{ext}"
 
 
-def step_argv(kind: str, cmd, input_path: Path, output: Path, opts: list[str]) -> list[str]:
-    """Positional layout: convert MODEL OUT; quantize IN OUT (or IN --out OUT); eval FILE."""
-    names = {o for p in (cmd.params if cmd else []) for o in p.opts}
-    tail = ["--json"] if (cmd is None or "--json" in names) else []
+def step_argv(kind: str, input_path: Path, output: Path, opts: list[str]) -> list[str]:
+    """Positional layout: convert MODEL OUT; quantize IN OUT; eval FILE (the runner writes eval's OUT from its
+    JSON on stdout)."""
     if kind == "convert":
-        return ["convert", str(input_path), str(output), *opts, "--force", *tail]
+        return ["convert", str(input_path), str(output), *opts, "--force", "--json"]
     if kind == "quantize":
-        n_args = sum(1 for p in (cmd.params if cmd else []) if getattr(p, "param_type_name", "") == "argument")
-        force = ["--force"] if (cmd is None or "--force" in names) else []
-        if cmd is not None and n_args == 1:
-            out_flag = next((o for o in ("--out", "--output", "-o") if o in names), "--out")
-            return ["quantize", str(input_path), out_flag, str(output), *opts, *force, *tail]
-        return ["quantize", str(input_path), str(output), *opts, *force, *tail]
-    return ["eval", str(input_path), *opts, *tail]
+        return ["quantize", str(input_path), str(output), *opts, "--force", "--json"]
+    return ["eval", str(input_path), *opts, "--json"]
 
 
 # ---------------------------------------------------------------- child processes
@@ -249,7 +204,8 @@ def _wait4_timeout(pid: int, seconds: float):
 class RunOptions:
     keep_going: bool = False
     cli: list[str] = field(default_factory=lambda: list(DEFAULT_CLI))
-    introspect: bool = True           # map options through the installed `dsa` commands' flags
+    introspect: bool = True           # map options through the command table (commands.py); off: a stand-in
+                                      # CLI whose flags are the keys spelled --key-with-dashes
     on_step: Callable[[StepResult], None] | None = None
     on_start: Callable[[str, str, str], None] | None = None
 
@@ -265,11 +221,11 @@ def run_step(spec: PipelineSpec, model: ModelSpec, step: StepSpec, outputs: dict
     out = step_output(spec.workdir, model, step)
     out.parent.mkdir(parents=True, exist_ok=True)
     res = StepResult(model.name, step.name, step.kind, FAILED, output=str(out))
-    cmd = cli_command(step.kind) if ro.introspect else None
+    cmd = command(step.kind) if ro.introspect else None
     input_path = model.path if step.kind == "convert" else outputs[step.input]
     opts, opt_paths = option_argv(step, spec.base_dir, cmd)
     # for eval the runner writes OUT from the child's JSON stdout; the child writes GGUFs itself
-    argv = step_argv(step.kind, cmd, input_path, out, opts)
+    argv = step_argv(step.kind, input_path, out, opts)
     res.command = ["dsa", *argv]
     inputs = {"input": hasher.path(input_path)}
     for i, p in enumerate(opt_paths):
@@ -291,14 +247,6 @@ def run_step(spec: PipelineSpec, model: ModelSpec, step: StepSpec, outputs: dict
     log = out.with_name(f"{step.name}.log")
     stdout = out.with_name(f".{step.name}.stdout-{os.getpid()}")
     res.log = str(log)
-    if step.kind == "quantize" and ro.introspect and cmd is None:
-        res.error = "`dsa quantize` is not available in this installation"
-        log.write_text(f"error: {res.error}\n")
-        return res
-    if step.kind == "eval" and ro.introspect and cmd is None:
-        res.error = "`dsa eval` is not available in this installation"
-        log.write_text(f"error: {res.error}\n")
-        return res
     if not input_path.exists():
         res.error = f"input not found: {input_path}"
         log.write_text(f"error: {res.error}\n")

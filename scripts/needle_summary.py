@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Needle grids side by side: `dsa eval --needle ... --json` files -> a markdown table per task and filler.
+
+    python3 scripts/needle_summary.py needle-f16.json needle-asq.json [--against dense]
+
+For each file's (task, filler) the table has one row per context length and one column per attention mode and KV
+cache (hits / trials over all depths), then the cells (length x depth) where a mode retrieves more than one trial
+fewer than `--against` (default dense): the retrofit issue's "sparse hits = dense hits in every cell, +- 1 trial".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def load(paths: list[Path]) -> dict:
+    """(task, filler) -> {(attn label, length, depth_index): (hits, trials)} over all files."""
+    out: dict = defaultdict(dict)
+    for p in paths:
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            sys.exit(f"error: {p}: not a dsa eval --needle JSON file ({e.__class__.__name__})")
+        if not isinstance(d, dict) or "rows" not in d:
+            sys.exit(f"error: {p}: no 'rows' (not a dsa eval --needle JSON file)")
+        for r in d["rows"]:
+            label = r["attn"] if r["attn"] != "sparse" or d.get("kv", "f16") == "f16" else f"sparse/{d['kv']}"
+            out[(d["task"], d["filler"])][(label, int(r["length"]), int(r["depth_index"]))] = (r["hits"], r["trials"])
+    return out
+
+
+def table(cells: dict, against: str) -> list[str]:
+    labels = sorted({k[0] for k in cells}, key=lambda s: (s != "dense", s))
+    lengths = sorted({k[1] for k in cells})
+    lines = ["| length | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+    for L in lengths:
+        row = []
+        for a in labels:
+            hs = [v for k, v in cells.items() if k[0] == a and k[1] == L]
+            row.append(f"{sum(h for h, _ in hs)}/{sum(t for _, t in hs)}" if hs else "-")
+        lines.append(f"| {L} | " + " | ".join(row) + " |")
+    for a in labels:
+        if a == against:
+            continue
+        worse = [(k[1], k[2], v[0], cells[(against, k[1], k[2])][0]) for k, v in cells.items()
+                 if k[0] == a and (against, k[1], k[2]) in cells and v[0] < cells[(against, k[1], k[2])][0] - 1]
+        lines.append(f"{a}: {len(worse)} cells more than one trial below {against}"
+                     + ("" if not worse else ": " + ", ".join(f"{L}@d{d} {h} vs {g}" for L, d, h, g in sorted(worse))))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--against", default="dense", help="the mode the others are compared with (default dense)")
+    a = ap.parse_args(argv)
+    for (task, filler), cells in load(a.files).items():
+        print(f"\n{task}, filler {filler}")
+        print("\n".join(table(cells, a.against)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
