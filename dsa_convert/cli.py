@@ -110,6 +110,10 @@ def convert(
     block_size: Optional[int] = typer.Option(None, help="block size for --select block"),
     residual_bits: Optional[int] = typer.Option(None, help="ASQ residual bits: 4 | 8"),
     calib: Optional[Path] = typer.Option(None, help="calibration text file"),
+    calib_ctx: Optional[int] = typer.Option(None, "--calib-ctx", help="calibration context (tokens per chunk); default: "
+                                            "the model's trained context, capped by memory (the report says)"),
+    calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="calibration tokens to train on; default: "
+                                               "65536 up to a 2K context, else 524288 on a GPU, 131072 on a CPU"),
     steps: Optional[int] = typer.Option(None, help="indexer training steps"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0, help="random seed"),
@@ -121,7 +125,8 @@ def convert(
 
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
                     index_share=index_share, index_place=index_place, sink=sink, local=local, select=select,
-                    block_size=block_size, residual_bits=residual_bits, calib=calib, steps=steps)
+                    block_size=block_size, residual_bits=residual_bits, calib=calib, steps=steps, ctx=calib_ctx,
+                    calib_tokens=calib_tokens)
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:
         raise typer.BadParameter("--no-dsa cannot be combined with DSA options")
@@ -163,8 +168,11 @@ def _dsa_config(opts: dict, device: str, seed: int, allow_eval_calib: bool):
 def eval_cmd(
     file: Path = typer.Argument(..., help="GGUF file (or, with --backend torch, a HF checkpoint dir)"),
     ppl: str = typer.Option("wikitext2", "--ppl", help="dataset name (wikitext2) or a text file"),
+    needle: Optional[str] = typer.Option(None, "--needle", help="instead of perplexity, needle-in-a-haystack "
+                                         "retrieval: passkey | niah | multikey (docs/CLI.md)"),
     backend: str = typer.Option("llama.cpp", help="llama.cpp | torch"),
-    attn: Optional[str] = typer.Option(None, help="dense | sparse (| local | random | oracle with torch)"),
+    attn: Optional[str] = typer.Option(None, help="dense | sparse | local (| random | oracle with torch); with "
+                                       "--needle a comma list, default dense,sparse"),
     kv: str = typer.Option("f16", help="KV cache: f16 | f32 | q8_0 | q4_0 (these two need --flash-attn) | asq "
                                       "(the file's ASQ prototypes, sparse runs; llama.cpp and torch)"),
     index_keys: Optional[str] = typer.Option(None, "--index-keys", help=_INDEX_KEYS_HELP),
@@ -174,24 +182,50 @@ def eval_cmd(
     data: Optional[Path] = typer.Option(None, help="evaluation text file (else env DSA_WIKITEXT2 / cache)"),
     download: bool = typer.Option(False, "--download", help="download WikiText-2 if not found locally"),
     n_gpu_layers: Optional[int] = typer.Option(None, help="layers on the GPU (default: all when CUDA is present)"),
-    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
+    flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn",
+                                              help="llama.cpp flash attention (default: off; on with --needle)"),
     tokenizer: Optional[Path] = typer.Option(None, help="HF tokenizer dir for --backend torch on a GGUF"),
     device: str = typer.Option("auto", help="torch backend device: auto | cpu | cuda"),
-    seed: int = typer.Option(0, help="seed for --attn random"),
+    seed: int = typer.Option(0, help="seed for --attn random; with --needle, the seed of the prompts"),
+    kld: bool = typer.Option(False, "--kld", help="also the KL divergence from the same file run dense (perplexity)"),
+    lengths: Optional[str] = typer.Option(None, help="--needle: prompt lengths in tokens, answer included "
+                                          "(default 4096,8192,16384,32768)"),
+    depths: Optional[int] = typer.Option(None, help="--needle: needle depths, evenly spaced 0..100 % (default 10)"),
+    trials: Optional[int] = typer.Option(None, help="--needle: prompts per length and depth (default 1)"),
+    filler: Optional[str] = typer.Option(None, help="--needle: junk | book | PATH (default: junk for passkey, "
+                                         "book otherwise)"),
+    max_new: Optional[int] = typer.Option(None, "--max-new", help="--needle: answer tokens generated (default 16)"),
+    plot: Optional[Path] = typer.Option(None, help="--needle: PNG heatmap (depth x length per attention mode)"),
+    force: bool = typer.Option(False, "--force", help="--needle: allow lengths beyond the model's trained context"),
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Perplexity the way llama-perplexity computes it (chunks of --ctx, second half scored)."""
+    """Perplexity the way llama-perplexity computes it (chunks of --ctx, second half scored), or with --needle a
+    needle-in-a-haystack retrieval grid (generated answers, exact match)."""
     from .errors import BadInputError
 
     if backend == "llama.cpp":
         from .backend.runtime import preload_llama_cpp
         preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
+    needle_only = {"--lengths": lengths, "--depths": depths, "--trials": trials, "--filler": filler,
+                   "--max-new": max_new, "--plot": plot, "--force": force or None}
+    if needle is not None:
+        if kld:
+            raise BadInputError("--kld is an option of the perplexity mode, not of --needle")
+        return _eval_needle(file, needle, backend=backend, attn=attn, kv=kv, index_keys=_lower(index_keys),
+                            top_k=top_k, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, tokenizer=tokenizer,
+                            device=device, seed=seed, as_json=as_json, lengths=lengths, depths=depths, trials=trials,
+                            filler=filler, max_new=max_new, plot=plot, force=force)
+    given = [k for k, v in needle_only.items() if v is not None]
+    if given:
+        raise BadInputError(f"{given[0]} is an option of --needle")
+    flash_attn = bool(flash_attn)
     from .eval import data as evdata
 
     text_path = evdata.resolve(ppl, data, download)
     if backend == "llama.cpp":
-        if attn not in (None, "dense", "sparse"):
-            raise BadInputError(f"--attn {attn} is a torch-backend baseline; llama.cpp runs dense or sparse")
+        from .eval.perplexity_llamacpp import ATTN_MODES as LLAMA_ATTN
+        if attn not in (None, *LLAMA_ATTN):
+            raise BadInputError(f"--attn {attn} is a torch-backend baseline; llama.cpp runs {', '.join(LLAMA_ATTN)}")
         from .backend.runtime import import_llama_cpp
         from .eval.perplexity_llamacpp import LlamaPplOptions, run
         from .formats.gguf_read import GgufFile
@@ -201,7 +235,8 @@ def eval_cmd(
         ngl = n_gpu_layers if n_gpu_layers is not None else (999 if lc.llama_supports_gpu_offload() else 0)
         res = run(file, evdata.read_eval_text(text_path),
                   LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, index_keys=_lower(index_keys),
-                                  n_gpu_layers=ngl, flash_attn=flash_attn, quiet=as_json))
+                                  n_gpu_layers=ngl, flash_attn=flash_attn, quiet=as_json,
+                                  **({"kld": True} if kld else {})))
     elif backend == "torch":
         from .eval.torch_backend import run_torch_eval
 
@@ -209,7 +244,8 @@ def eval_cmd(
             raise BadInputError("--index-keys is a llama.cpp cache switch; the torch backend (kernels_ref) keeps F32 keys")
 
         res = run_torch_eval(file, text_path, ctx=ctx, chunks=chunks, attn=attn or "dense", kv=kv, top_k=top_k,
-                             tokenizer=tokenizer, device=device, seed=seed, quiet=as_json)
+                             tokenizer=tokenizer, device=device, seed=seed, quiet=as_json,
+                             **({"kld": True} if kld else {}))
     else:
         raise BadInputError(f"unknown --backend {backend!r} (llama.cpp or torch)")
     res["data"] = str(text_path)
@@ -224,6 +260,25 @@ def eval_cmd(
             print(f"KV cache as allocated by llama.cpp: K {res['kv_k_type']} / V {res['kv_v_type']}, "
                   f"{res['kv_main_bytes'] / res['kv_cells']:.1f} B/token"
                   + (f" + {res['kv_indexer_bytes'] / res['kv_cells']:.1f} B/token indexer keys" if res["kv_indexer_bytes"] else ""))
+        if "kld_mean" in res:
+            print(f"KLD vs {res.get('kld_base', 'dense')}: mean {res['kld_mean']:.6f} +/- {res['kld_stderr']:.6f}, "
+                  f"p99 {res['kld_p99']:.6f}; same top token {100 * res['same_top_p']:.2f} +/- "
+                  f"{100 * res['same_top_p_stderr']:.2f} %")
+
+
+def _eval_needle(file: Path, task: str, *, backend: str, as_json: bool, **kw) -> None:
+    """`dsa eval --needle`: eval/needle_command.py does the work; this prints it."""
+    from .eval.needle_command import NeedleCommand, render, run_command
+
+    if kw["flash_attn"] is None:
+        kw["flash_attn"] = True
+    res = run_command(NeedleCommand(file, task, backend=backend, quiet=as_json, **kw))
+    if as_json:
+        emit_json(res)
+    else:
+        from rich.console import Console
+
+        render(res, Console())
 
 
 @app.command()

@@ -88,6 +88,12 @@ def open_model(path: Path, opts: RunnerOptions):
         raise DsaError(f"llama.cpp could not load {Path(path).name}: {e}") from None
 
 
+def close_model(llm, verbose: bool = False) -> None:
+    """Free a model and its context now (llama.cpp's teardown log silenced unless verbose)."""
+    with _quiet_stderr(not verbose):
+        llm.close()
+
+
 def eval_logits(llm, tokens: list[int]) -> np.ndarray:
     """Fresh sequence (cache cleared), returns float32 logits [len(tokens), n_vocab]."""
     llm.reset()
@@ -96,19 +102,61 @@ def eval_logits(llm, tokens: list[int]) -> np.ndarray:
     return np.array(llm.scores[: len(tokens)], dtype=np.float32, copy=True)
 
 
+def decode_rows(llm, tokens: list[int], rows: range, *, n_past: int = 0) -> np.ndarray:
+    """Decode `tokens` at positions n_past.. of sequence 0 in n_batch-sized pieces, asking llama.cpp for the logits of
+    the token indices in `rows` only (a contiguous range of indices into `tokens`); returns them as float32
+    [len(rows), n_vocab]. n_past 0 starts a fresh sequence (KV cache cleared). llama.cpp computes and copies out just
+    those rows, so a context opened with logits_all=False holds no n_ctx x n_vocab buffer."""
+    if rows.step != 1 or (len(rows) and (rows.start < 0 or rows.stop > len(tokens))):
+        raise ValueError(f"rows {rows} is not a contiguous range inside {len(tokens)} tokens")
+    if n_past == 0:
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+    n_vocab = llm.n_vocab()
+    out = np.empty((len(rows), n_vocab), dtype=np.float32)
+    b = llm._batch.batch
+    done = 0
+    for a in range(0, len(tokens), llm.n_batch):
+        piece = tokens[a:a + llm.n_batch]
+        n = len(piece)
+        lo, hi = max(rows.start, a) - a, min(rows.stop, a + n) - a      # wanted indices inside this piece
+        n_out = max(0, hi - lo)
+        np.ctypeslib.as_array(b.token, shape=(n,))[:] = piece
+        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = np.arange(n_past + a, n_past + a + n)
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        flags = np.ctypeslib.as_array(b.logits, shape=(n,))
+        flags[:] = 0
+        flags[lo:lo + n_out] = 1
+        for i in range(n):
+            b.seq_id[i][0] = 0
+        b.n_tokens = n
+        rc = int(import_llama_cpp().llama_decode(llm._ctx.ctx, b))
+        if rc != 0:
+            raise DsaError(f"llama_decode failed (status {rc}) at positions {n_past + a}..{n_past + a + n - 1}")
+        if n_out:
+            out[done:done + n_out] = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_out, n_vocab))
+            done += n_out
+    return out
+
+
 def tokenize(llm, text: str, add_bos: bool = False) -> list[int]:
     return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+
+
+def open_vocab(path: Path):
+    """A GGUF's vocab alone in llama.cpp (no weights, no context): for tokenize / detokenize."""
+    lc = import_llama_cpp()
+    try:
+        with _quiet_stderr(True):
+            return lc.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except ValueError as e:
+        raise BadInputError(f"{Path(path).name}: llama.cpp cannot read its vocab ({e})") from None
 
 
 def vocab_tokens(path: Path, text: str, add_bos: bool | None = None) -> tuple[list[int], bool]:
     """Tokenise `text` with a GGUF's own vocab (llama.cpp, vocab only). add_bos None: as the vocab says.
     Returns (tokens, add_bos used)."""
-    lc = import_llama_cpp()
-    try:
-        with _quiet_stderr(True):
-            llm = lc.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    except ValueError as e:
-        raise BadInputError(f"{Path(path).name}: llama.cpp cannot read its vocab ({e})") from None
+    llm = open_vocab(path)
     try:
         ab = bool(llm._model.add_bos_token()) if add_bos is None else add_bos
         return list(tokenize(llm, text, add_bos=ab)), ab

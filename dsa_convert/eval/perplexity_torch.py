@@ -10,6 +10,11 @@ The DSA settings (indexers, top_k, sink, local, select, ASQ prototypes) come fro
 tensors (FORMAT §2/§3) or, when ``dsa`` (a DsaResult) is given, from memory; ``top_k`` / ``sink`` /
 ``local`` arguments override them. ``local`` / ``random`` / ``oracle`` use the same budget (and, for
 random/oracle, the same split) as ``sparse``.
+
+Memory stays bounded at a 32K context: attention runs per block of query rows (kernels_ref.blocked) and the
+output head is applied to SCORE_ROWS scored positions at a time. With ``kld`` each chunk is also run dense with
+an F32 cache (the same run when attn is dense and kv f32) and the KL divergence of the scored half against it
+is reported as `llama-perplexity --kl-divergence` does (perplexity_common.KldAccumulator).
 """
 from __future__ import annotations
 
@@ -17,15 +22,18 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from ..errors import BadInputError
 from ..kernels_ref.indexer import IndexerWeights
 from ..kernels_ref.sparse_attention import DsaAttention
-from .perplexity_common import NllAccumulator, chunk_nll, chunk_tokens, plan_chunks, tokenize_text, vocab_adds_bos
+from .perplexity_common import (KldAccumulator, NllAccumulator, chunk_tokens, plan_chunks, tokenize_text,
+                                vocab_adds_bos)
 
 ATTN_MODES = ("dense", "sparse", "local", "random", "oracle")
 KV_MODES = ("f32", "f16", "q8_0", "q4_0", "asq")
+SCORE_ROWS = 1024     # scored positions per output-head block: [rows, vocab] logits, never [n_ctx, vocab]
 
 
 def dsa_settings_from_gguf(model) -> dict:
@@ -78,11 +86,32 @@ def load_model(model_path: Path, device: str = "cpu"):
     raise BadInputError(f"not a GGUF file or HF model directory: {model_path}")
 
 
+def score_chunk(model, h: torch.Tensor, base_h: Optional[torch.Tensor], chunk, first: int,
+                kacc: Optional[KldAccumulator]) -> np.ndarray:
+    """Per-token NLL (float64 log-softmax, on the model's device) of a chunk's scored half from the last hidden
+    states h [n_ctx, n_embd]: positions first .. n_ctx-2 predict the next token. The head runs SCORE_ROWS rows at a
+    time. With ``kacc`` the same rows are compared against ``base_h``'s logits (None: against themselves)."""
+    n_ctx = h.shape[0]
+    targets = np.asarray(chunk, dtype=np.int64)
+    nll = []
+    for a in range(first, n_ctx - 1, SCORE_ROWS):
+        b = min(n_ctx - 1, a + SCORE_ROWS)
+        lg = model.head(h[a:b])
+        tgt = targets[a + 1:b + 1]
+        lg64 = lg.double()
+        rows, cols = torch.arange(b - a, device=lg.device), torch.as_tensor(tgt, device=lg.device)
+        nll.append((torch.logsumexp(lg64, dim=-1) - lg64[rows, cols]).cpu().numpy())
+        if kacc is not None:
+            kacc.add(lg if base_h is None else model.head(base_h[a:b]), lg, tgt)
+    return np.concatenate(nll)
+
+
 def perplexity_torch(model_path: Path | None, text_path: Path, *, ctx: int = 2048, chunks: Optional[int] = None,
                      attn: str = "dense", kv: str = "f16", top_k: Optional[int] = None, sink: Optional[int] = None,
                      local: Optional[int] = None, dsa=None, tokenizer_dir: Optional[Path] = None,
                      tokens: Optional[list[int]] = None, add_bos: Optional[bool] = None, device: str = "cpu",
-                     seed: int = 0, model=None, progress: Optional[Callable[[dict], None]] = None) -> dict:
+                     seed: int = 0, model=None, progress: Optional[Callable[[dict], None]] = None,
+                     kld: bool = False) -> dict:
     """See the module docstring. ``model`` reuses a loaded RefModel; ``tokens`` skips tokenisation."""
     if attn not in ATTN_MODES:
         raise BadInputError(f"--attn must be one of {', '.join(ATTN_MODES)} (got {attn!r})")
@@ -133,10 +162,15 @@ def perplexity_torch(model_path: Path | None, text_path: Path, *, ctx: int = 204
                             residual_bits=st.get("residual_bits", 4), key_space=st.get("key_space", "pre_rope"),
                             rope_keys=model.rope_keys, seed=seed, indexer_types=st.get("indexer_types"))
     acc = NllAccumulator()
+    kacc = KldAccumulator() if kld else None
+    chunk_seconds = []
     for i in range(plan.n_chunk):
+        tc = time.time()
         chunk = chunk_tokens(tokens, plan, i)
-        logits = model.forward(chunk, attention=hook)
-        acc.add(chunk_nll(logits, chunk, plan))
+        h = model.forward(chunk, attention=hook, hidden=True)
+        base_h = model.forward(chunk, hidden=True) if kacc is not None and hook is not None else None
+        acc.add(score_chunk(model, h, base_h, chunk, plan.first, kacc))
+        chunk_seconds.append(time.time() - tc)
         if progress is not None:
             progress({"stage": "perplexity", "chunk": i + 1, "chunks": plan.n_chunk, "ppl": acc.per_chunk[-1]})
     ppl, err = acc.result()
@@ -144,7 +178,10 @@ def perplexity_torch(model_path: Path | None, text_path: Path, *, ctx: int = 204
            "kv": kv, "top_k": K if attn != "dense" else None, "sink": S if attn != "dense" else None,
            "local": (L if attn != "local" else (K - S)) if attn != "dense" else None,
            "backend": "torch", "device": str(model.device), "add_bos": ab, "seconds": time.time() - t0,
-           "per_chunk_ppl": acc.per_chunk}
+           "per_chunk_ppl": acc.per_chunk, "chunk_seconds": chunk_seconds}
+    if kacc is not None:
+        out.update(kacc.result())
+        out["kld_base"] = "dense, kv f32"
     if hook is not None and hook.selected_fraction:
         out["selected_fraction"] = sum(hook.selected_fraction) / len(hook.selected_fraction)
     return out

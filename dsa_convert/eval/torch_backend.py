@@ -1,5 +1,6 @@
 """`dsa eval --backend torch`: tokenise with the file's own vocab (llama.cpp vocab-only, when the
-backend is installed) or a HF tokenizer dir, then kernels_ref perplexity."""
+backend is installed) or a HF tokenizer dir, then kernels_ref perplexity (with ``kld``: also the KL divergence
+against the dense F32 run of the same chunks)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,8 @@ from .perplexity_torch import load_model, perplexity_torch
 
 
 def run_torch_eval(file: Path, text_path: Path, *, ctx: int, chunks: int | None, attn: str, kv: str,
-                   top_k: int | None, tokenizer: Path | None, device: str, seed: int, quiet: bool) -> dict:
+                   top_k: int | None, tokenizer: Path | None, device: str, seed: int, quiet: bool,
+                   kld: bool = False) -> dict:
     import torch
 
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -28,5 +30,5 @@ def run_torch_eval(file: Path, text_path: Path, *, ctx: int, chunks: int | None,
     with task("perplexity (torch)", None, quiet=quiet) as bar:
         res = perplexity_torch(file, text_path, ctx=ctx, chunks=chunks, attn=attn, kv=kv, top_k=top_k,
                                tokenizer_dir=tokenizer, tokens=tokens, add_bos=add_bos, device=dev, seed=seed,
-                               model=model, progress=lambda ev: bar.advance(1, info=f"ppl {ev['ppl']:.4f}"))
+                               model=model, progress=lambda ev: bar.advance(1, info=f"ppl {ev['ppl']:.4f}"), kld=kld)
     return res

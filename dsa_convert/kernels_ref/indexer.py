@@ -1,7 +1,8 @@
 """Lightning-indexer reference math (docs/FORMAT.md §4).
 
 Pure PyTorch, float32 by default. ``indexer_scores`` is the exact spec; ``indexer_qkw`` exposes
-the intermediate q / k / w (differentiable) for training.
+the intermediate q / k / w (differentiable) for training; ``indexer_keys`` / ``indexer_queries`` split them so that
+long inputs are scored one block of query rows at a time (``block_scores``).
 """
 from __future__ import annotations
 
@@ -84,8 +85,35 @@ def scores_from_qkw(q: Tensor, k: Tensor, wt: Tensor, causal: bool = True) -> Te
     return s
 
 
-def indexer_scores(x: Tensor, positions: Tensor, w: IndexerWeights) -> Tensor:
-    """FORMAT §4 scores [T, T] for x [T, n_embd]; −inf above the diagonal (s > t)."""
+def block_scores(q: Tensor, k: Tensor, wt: Tensor) -> Tensor:
+    """FORMAT §4 scores [B, S] of queries q [H, B, D] with head weights wt [B, H] against keys k [S, D], without the
+    causal mask (the selection only ranks the middle region, which is causal). No autograd: ReLU in place, and the
+    head sum is one batched [1, H] x [H, S] product per row (the same reduction as ``scores_from_qkw``'s einsum)."""
+    H, B, D = q.shape
+    r = torch.matmul(q.transpose(0, 1).reshape(B * H, D), k.T).relu_().view(B, H, -1)   # [B, H, S]
+    return torch.bmm(wt[:, None, :], r)[:, 0].mul_(1.0 / math.sqrt(D * H))
+
+
+def indexer_keys(x: Tensor, positions: Tensor, w: IndexerWeights) -> Tensor:
+    """float32 indexer keys k(s) [T, D] (LayerNorm + RoPE) of x [T, n_embd]: per token, so computed once per layer
+    (and cached for decoding) while the queries are taken per block of rows."""
     w32 = w.to(dtype=torch.float32, device=x.device)
-    q, k, wt = indexer_qkw(x.float(), positions, w32)
-    return scores_from_qkw(q, k, wt, causal=True)
+    D = w32.head_dim
+    k = torch.nn.functional.layer_norm(x.float() @ w32.W_k.T, (D,), w32.gamma, w32.beta, w32.eps)
+    return rope_neox(k, positions, w32.rope_dim, w32.freq_base)
+
+
+def indexer_queries(x: Tensor, positions: Tensor, w: IndexerWeights) -> tuple[Tensor, Tensor]:
+    """float32 indexer queries q [H, T, D] (RoPE'd) and head weights [T, H] of x [T, n_embd]."""
+    w32 = w.to(dtype=torch.float32, device=x.device)
+    T, H, D = x.shape[0], w32.n_head, w32.head_dim
+    q = (x.float() @ w32.W_q.T).view(T, H, D).transpose(0, 1)
+    return rope_neox(q, positions, w32.rope_dim, w32.freq_base), x.float() @ w32.W_w.T
+
+
+def indexer_scores(x: Tensor, positions: Tensor, w: IndexerWeights) -> Tensor:
+    """FORMAT §4 scores [T, T] for x [T, n_embd]; −inf above the diagonal (s > t). Full matrix: for short inputs
+    (DsaAttention scores blocks of rows with indexer_keys / indexer_queries / block_scores)."""
+    q, wt = indexer_queries(x, positions, w)
+    s = block_scores(q, indexer_keys(x, positions, w), wt)
+    return s.masked_fill_(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))

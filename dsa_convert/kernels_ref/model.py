@@ -1,8 +1,8 @@
 """Plain PyTorch forward pass of a dsa/llama.cpp GGUF (llama, qwen2, qwen3 graphs).
 
-Dense attention by default; `attention=` swaps in sparse attention or a quantized KV cache and
-`capture=` exposes activations (calibration), so the DSA retrofit, the perplexity reference and
-the llama.cpp parity checks all run the very same math.
+Dense attention by default (computed per block of query rows: no [T, T] tensor exists); `attention=`
+swaps in sparse attention or a quantized KV cache and `capture=` exposes activations (calibration), so
+the DSA retrofit, the perplexity reference and the llama.cpp parity checks all run the very same math.
 
     attention(layer, q, k, v, x, k_pre, positions) -> [n_head, T, head_dim]
         q [n_head, T, hd], k/v [n_kv, T, hd] after RoPE; k_pre: k before RoPE;
@@ -20,7 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import blocked
 from .rope import RopeParams, apply_rope, cos_sin
+
+FFN_ROWS = 8192   # tokens per feed-forward block: its [rows, n_ff] activations stay bounded at long context
 
 
 class AttentionFn(Protocol):
@@ -49,25 +52,16 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def causal_mask(T: int, device) -> torch.Tensor:
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
-
-
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      scale: float) -> torch.Tensor:
-    """q [H,T,d], k/v [Hkv,S,d] (GQA by repeat), mask bool [T,S] shared by all heads."""
-    rep = q.shape[0] // k.shape[0]
-    if rep > 1:
-        k = k.repeat_interleave(rep, dim=0)
-        v = v.repeat_interleave(rep, dim=0)
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    s = s.masked_fill(~mask[None], float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v)
+    """q [H,T,d] (the last T rows of the keys), k/v [Hkv,S,d] (GQA), mask bool [T,S] shared by all heads (None:
+    causal); computed per block of query rows (blocked.py)."""
+    return blocked.masked_attention(q, k, v, mask, scale)
 
 
 def dense_attention(hp: RefHParams):
     def attn(layer, q, k, v, x, k_pre, positions):
-        return masked_attention(q, k, v, causal_mask(q.shape[1], q.device), hp.kq_scale)
+        return blocked.causal_attention(q, k, v, hp.kq_scale)
     return attn
 
 
@@ -196,12 +190,18 @@ class RefModel:
         if capture is not None:
             capture(il, "attn_out", o)
         h = h + self._linear(o, f"blk.{il}.attn_output")
-        y = rms_norm(h, self.w(f"blk.{il}.ffn_norm.weight"), hp.rms_eps)
-        g = F.silu(self._linear(y, f"blk.{il}.ffn_gate")) * self._linear(y, f"blk.{il}.ffn_up")
-        h = h + self._linear(g, f"blk.{il}.ffn_down")
+        if T <= FFN_ROWS:
+            h = h + self.ffn(il, h)
+        else:
+            h = torch.cat([h[a:a + FFN_ROWS] + self.ffn(il, h[a:a + FFN_ROWS]) for a in range(0, T, FFN_ROWS)])
         if capture is not None:
             capture(il, "h", h)
         return h
+
+    def ffn(self, il: int, h: torch.Tensor) -> torch.Tensor:
+        y = rms_norm(h, self.w(f"blk.{il}.ffn_norm.weight"), self.hp.rms_eps)
+        g = F.silu(self._linear(y, f"blk.{il}.ffn_gate")) * self._linear(y, f"blk.{il}.ffn_up")
+        return self._linear(g, f"blk.{il}.ffn_down")
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         h = rms_norm(h, self.w("output_norm.weight"), self.hp.rms_eps)
@@ -210,10 +210,12 @@ class RefModel:
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, attention: AttentionFn | None = None, capture=None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, hidden: bool = False) -> torch.Tensor:
+        """Logits [T, vocab]; with ``hidden`` the last layer's output [T, n_embd] instead, for ``head`` to be
+        applied to the rows that are needed (a 32K x 16K-vocab logits matrix is 2 GB)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long)
         pos = positions if positions is not None else torch.arange(tokens.shape[0])
         h = self.embed(tokens)
         for il in range(self.hp.n_layer):
             h = self.layer(il, h, pos, attention, capture)
-        return self.head(h)
+        return h if hidden else self.head(h)

@@ -1,12 +1,22 @@
 """Key selection for sparse attention (docs/FORMAT.md §5) and equal-budget baselines.
 
-Every function returns a bool mask [T, T]: mask[t, s] = query t attends key s. Rows are causal
-(s <= t); a query with t + 1 <= top_k attends densely. All masks are shared by the heads of a layer.
+Masks are bool [B, S]: mask[i, s] = query row i attends key s. The rows are query positions row0 .. row0 + B − 1
+over keys 0 .. S − 1; by default the rows are the last B positions of the keys (row0 = S − B, so a square [T, T]
+score matrix is the whole causal problem, as in blocked.py). Rows are causal (s <= t); a query with t + 1 <= top_k
+attends densely. All masks are shared by the heads of a layer.
+
+A selection is kept compactly as its middle picks ([B, n] int32: token positions, or block ids in `block` mode);
+the forced sinks / local window and the dense rows follow from the positions (``mask_from_picks``).
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from . import blocked
 
 
 def _check(top_k: int, sink: int, local: int) -> None:
@@ -14,93 +24,184 @@ def _check(top_k: int, sink: int, local: int) -> None:
         raise ValueError(f"need top_k > 0 and 0 <= sink + local <= top_k (got K={top_k} S={sink} L={local})")
 
 
-def _regions(T: int, top_k: int, sink: int, local: int, device=None) -> tuple[Tensor, Tensor, Tensor]:
-    """(dense_rows [T], forced [T,T], middle [T,T]) as bool tensors."""
-    t = torch.arange(T, device=device)[:, None]
-    s = torch.arange(T, device=device)[None, :]
-    causal = s <= t
-    dense_rows = (t[:, 0] + 1) <= top_k
-    forced = causal & ((s < sink) | (s >= t - local + 1))
-    middle = causal & (s >= sink) & (s <= t - local)
-    return dense_rows, forced, middle
+def _row0(n_rows: int, n_keys: int, row0: int | None) -> int:
+    r = n_keys - n_rows if row0 is None else row0
+    if r < 0 or r + n_rows > n_keys:
+        raise ValueError(f"query rows {r}..{r + n_rows - 1} do not fit {n_keys} keys")
+    return r
 
 
-def _top_by_row(vals: Tensor, valid: Tensor, n: int) -> Tensor:
-    """bool [T, N]: per row the n highest ``vals`` among ``valid`` (ties -> lower index)."""
-    out = torch.zeros_like(valid)
+def top_indices(vals: Tensor, valid: Tensor | None, n: int) -> Tensor:
+    """long [B, n]: per row the indices (in no particular order) of the n highest ``vals`` among ``valid`` (None:
+    all), ties -> lower index.
+
+    Invalid entries rank below every valid one (−inf); a row with fewer than n valid entries is filled with its
+    lowest invalid indices (callers mask them out). The same set as a stable descending sort, at topk cost: the
+    n + 1 highest are found, and only rows where the n-th and (n+1)-th are equal (a tie across the cut) are
+    resolved by position."""
+    B, N = vals.shape
+    n = min(n, N)
     if n <= 0:
-        return out
-    v = vals.float().masked_fill(~valid, float("-inf"))
-    # stable descending sort keeps the lower index first among equal values
-    order = torch.sort(v, dim=-1, descending=True, stable=True).indices[:, :n]
-    out.scatter_(1, order, True)
-    return out & valid
+        return torch.zeros(B, 0, dtype=torch.long, device=vals.device)
+    if n == N:
+        return torch.arange(N, device=vals.device).expand(B, N).clone()
+    v = vals.float() if valid is None else vals.float().masked_fill(~valid, float("-inf"))
+    top, idx = torch.topk(v, n + 1, dim=-1, sorted=False)
+    low = torch.topk(top, 2, dim=-1, largest=False)                         # the (n+1)-th and n-th highest
+    keep = torch.ones_like(idx, dtype=torch.bool).scatter_(1, low.indices[:, :1], False)
+    out = idx[keep].view(B, n)                                              # all but the (n+1)-th
+    kth = low.values[:, 1:]
+    straddle = (low.values[:, 0] == low.values[:, 1]).nonzero()[:, 0]
+    if straddle.numel():
+        vs, ks = v[straddle], kth[straddle]
+        above, tied = vs > ks, vs == ks
+        need = n - above.sum(dim=-1, keepdim=True)
+        take = above | (tied & (tied.cumsum(dim=-1) <= need))             # the lowest-index ties fill the rest
+        out[straddle] = take.nonzero()[:, 1].view(-1, n)
+    return out
 
 
-def select_tokens(scores: Tensor, top_k: int, sink: int, local: int) -> Tensor:
-    """FORMAT §5 `token` selection from indexer scores [T, T]."""
+def _middle_values(scores: Tensor, row0: int, sink: int, local: int) -> Tensor:
+    """float32 copy of scores [B, S] with −inf outside each row's middle region [sink, t − local]."""
+    B, S = scores.shape
+    last = torch.arange(row0, row0 + B, device=scores.device)[:, None] - local          # t − L
+    v = scores.float().masked_fill(torch.arange(S, device=scores.device)[None, :] > last, float("-inf"))
+    v[:, :sink] = float("-inf")
+    return v
+
+
+def pick_middle(scores: Tensor, top_k: int, sink: int, local: int, mode: str = "token", block_size: int = 64,
+                row0: int | None = None) -> Tensor:
+    """int32 [B, n] middle picks of scores [B, S] (FORMAT §5 steps 3/4): token positions (n = K − S − L) or block
+    ids (n = ⌊(K − S − L) / B⌋). Rows that attend densely carry arbitrary picks."""
     _check(top_k, sink, local)
-    T = scores.shape[0]
-    dense_rows, forced, middle = _regions(T, top_k, sink, local, scores.device)
-    picked = _top_by_row(scores, middle, top_k - sink - local)
-    mask = forced | picked
-    causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
-    mask[dense_rows] = causal[dense_rows]
-    return mask
-
-
-def select_blocks(scores: Tensor, top_k: int, sink: int, local: int, block_size: int) -> Tensor:
-    """FORMAT §5 `block` selection: absolute blocks ⌊s/B⌋ scored by the max over their middle part."""
-    _check(top_k, sink, local)
+    if mode not in ("token", "block"):
+        raise ValueError(f"unknown selection mode {mode!r}")
+    B, S = scores.shape
+    v = _middle_values(scores, _row0(B, S, row0), sink, local)
+    if mode == "token":
+        return top_indices(v, None, top_k - sink - local).to(torch.int32)
     if block_size <= 0:
         raise ValueError("block_size must be > 0")
-    T = scores.shape[0]
-    B = block_size
-    dense_rows, forced, middle = _regions(T, top_k, sink, local, scores.device)
-    nb = (T + B - 1) // B
-    pad = nb * B - T
-    v = scores.float().masked_fill(~middle, float("-inf"))
-    v = torch.nn.functional.pad(v, (0, pad), value=float("-inf")).view(T, nb, B)
-    bscore = v.max(dim=-1).values                                           # [T, nb]
-    bvalid = torch.nn.functional.pad(middle, (0, pad), value=False).view(T, nb, B).any(-1)
-    pick_b = _top_by_row(bscore, bvalid, (top_k - sink - local) // B)       # [T, nb]
-    picked = pick_b.repeat_interleave(B, dim=1)[:, :T] & middle
-    mask = forced | picked
-    causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
-    mask[dense_rows] = causal[dense_rows]
+    nb = (S + block_size - 1) // block_size
+    v = torch.nn.functional.pad(v, (0, nb * block_size - S), value=float("-inf")).view(B, nb, block_size)
+    vmax = v.amax(dim=-1)                                                   # [B, nb]
+    bvalid = (v > float("-inf")).any(dim=-1)
+    return top_indices(vmax, bvalid, (top_k - sink - local) // block_size).to(torch.int32)
+
+
+def mask_from_picks(picks: Tensor, n_keys: int, top_k: int, sink: int, local: int, mode: str = "token",
+                    block_size: int = 64, row0: int | None = None) -> Tensor:
+    """bool [B, n_keys] for the rows of ``picks`` [B, n]: forced sinks / window | picks within the middle region,
+    and the causal row for rows with t + 1 <= top_k."""
+    B, dev = picks.shape[0], picks.device
+    r0 = _row0(B, n_keys, row0)
+    t = torch.arange(r0, r0 + B, device=dev)[:, None]
+    s = torch.arange(n_keys, device=dev)[None, :]
+    causal = s <= t
+    mask = causal & (s >= t - local + 1)                                    # the local window
+    mask[:, :sink] = causal[:, :sink]                                       # the sinks
+    if picks.shape[1]:
+        if mode == "token":
+            picked = torch.zeros(B, n_keys, dtype=torch.bool, device=dev).scatter_(1, picks.long(), True)
+        else:
+            nb = (n_keys + block_size - 1) // block_size
+            pb = torch.zeros(B, nb, dtype=torch.bool, device=dev).scatter_(1, picks.long(), True)
+            picked = pb.repeat_interleave(block_size, dim=1)[:, :n_keys]
+        picked &= s <= t - local                                            # the middle region [sink, t − L]
+        picked[:, :sink] = False
+        mask |= picked
+    n_dense = min(B, max(0, top_k - r0))                                    # rows t + 1 <= K: dense
+    mask[:n_dense] = causal[:n_dense]
     return mask
 
 
-def select(scores: Tensor, top_k: int, sink: int, local: int, mode: str = "token", block_size: int = 64) -> Tensor:
+def select_tokens(scores: Tensor, top_k: int, sink: int, local: int, row0: int | None = None) -> Tensor:
+    """FORMAT §5 `token` selection from indexer scores [B, S] (rows row0 ..; default the last B positions)."""
+    picks = pick_middle(scores, top_k, sink, local, "token", row0=row0)
+    return mask_from_picks(picks, scores.shape[1], top_k, sink, local, "token", row0=row0)
+
+
+def select_blocks(scores: Tensor, top_k: int, sink: int, local: int, block_size: int,
+                  row0: int | None = None) -> Tensor:
+    """FORMAT §5 `block` selection: absolute blocks ⌊s/B⌋ scored by the max over their middle part."""
+    picks = pick_middle(scores, top_k, sink, local, "block", block_size, row0)
+    return mask_from_picks(picks, scores.shape[1], top_k, sink, local, "block", block_size, row0)
+
+
+def select(scores: Tensor, top_k: int, sink: int, local: int, mode: str = "token", block_size: int = 64,
+           row0: int | None = None) -> Tensor:
     if mode == "token":
-        return select_tokens(scores, top_k, sink, local)
+        return select_tokens(scores, top_k, sink, local, row0)
     if mode == "block":
-        return select_blocks(scores, top_k, sink, local, block_size)
+        return select_blocks(scores, top_k, sink, local, block_size, row0)
     raise ValueError(f"unknown selection mode {mode!r}")
 
 
+@dataclass
+class Selection:
+    """One layer's selection for the query rows row0 .. row0 + n − 1 of a forward call, stored as middle picks
+    [n, m] int32 (4·m bytes per row instead of a [T, T] mask); ``mask(a, b, n_keys)`` rebuilds rows [a, b)."""
+
+    picks: Tensor
+    row0: int
+    top_k: int
+    sink: int
+    local: int
+    mode: str = "token"
+    block_size: int = 64
+
+    def mask(self, a: int, b: int, n_keys: int) -> Tensor:
+        return mask_from_picks(self.picks[a:b], n_keys, self.top_k, self.sink, self.local, self.mode,
+                               self.block_size, self.row0 + a)
+
+
 # ---------------------------------------------------------------- baselines at equal budget K
-def local_only(T: int, top_k: int, sink: int, device=None) -> Tensor:
-    """Sinks + the most recent K − S positions (a sliding window with attention sinks)."""
+def local_only(T: int, top_k: int, sink: int, device=None, n_rows: int | None = None) -> Tensor:
+    """Sinks + the most recent K − S positions (a sliding window with attention sinks); [n_rows, T] for the last
+    n_rows query rows (default all T)."""
     _check(top_k, sink, top_k - sink)
-    dense_rows, forced, _ = _regions(T, top_k, sink, top_k - sink, device)
-    mask = forced.clone()
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    mask[dense_rows] = causal[dense_rows]
-    return mask
+    B = T if n_rows is None else n_rows
+    return mask_from_picks(torch.zeros(B, 0, dtype=torch.int32, device=device), T, top_k, sink, top_k - sink)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """(x · c) mod 2³² for int64 x in [0, 2³²) without leaving the int64 range."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (lowbias32: xor-shift / multiply rounds) of int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def random_scores(rows: Tensor, n_keys: int, seed: int) -> Tensor:
+    """float32 [B, n_keys] in [0, 1): a hash of (seed, query position, key position). Each entry depends on nothing
+    else, so a row is the same whatever the block, the context length or the device (not torch's generator)."""
+    h_seed = _mix32(torch.tensor(seed & _M32, dtype=torch.int64))
+    h_row = _mix32((rows.to(torch.int64) ^ h_seed) & _M32)
+    s = torch.arange(n_keys, dtype=torch.int64, device=rows.device)
+    h = _mix32((_mul32(h_row, 0x9E3779B1)[:, None] + s[None, :]) & _M32)
+    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def random_select(T: int, top_k: int, sink: int, local: int, seed: int = 0, device=None) -> Tensor:
-    """Forced sinks/local + K − S − L uniformly random middle positions (seeded, reproducible)."""
-    g = torch.Generator().manual_seed(seed)
-    r = torch.rand(T, T, generator=g).to(device)
-    return select_tokens(r, top_k, sink, local)
+    """Forced sinks/local + K − S − L uniformly random middle positions (seeded, reproducible: random_scores)."""
+    return select_tokens(random_scores(torch.arange(T, device=device), T, seed), top_k, sink, local)
 
 
 def oracle_scores(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
-    """Dense causal attention probabilities summed over all query heads: q [nh,T,hd], k [nkv,T,hd]."""
-    from .sparse_attention import attention_probs
-    return attention_probs(q, k, scale=scale).sum(0)
+    """Dense causal attention probabilities summed over all query heads: q [nh,B,hd] (the last B rows), k [nkv,S,hd]."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return blocked.probs(q, k, blocked.causal_rows_mask(q.shape[1], k.shape[1], q.device), scale).sum(0)
 
 
 def oracle(q: Tensor, k: Tensor, top_k: int, sink: int, local: int, scale: float | None = None) -> Tensor:

@@ -22,6 +22,7 @@
 #                               F16 on the same tokens); sparse with the ASQ cache and --kld
 #   passkey:NAME                llama-passkey (upstream's client) dense and sparse at 16K and 32K, 3 depths
 #   split:NAME                  WORK/NAME.gguf into OUT/NAME.gguf.partNN (15 MiB each; `cat` joins them)
+# NEEDLE_LENGTHS / NEEDLE_DEPTHS / NGL: the grid and the layers offloaded (defaults 4096,...,32768 / 10 / 999).
 # LIMIT: seconds for the whole call (default 570); a step gets what is left, and the results are packed into
 # OUT/longctx.tgz at the end in every case. WORK defaults to /tmp/lc (kept while the machine stays warm).
 set -uo pipefail
@@ -29,6 +30,7 @@ B=$(cd "${1:?usage: longctx.sh BUNDLE}" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 WORK=${WORK:-/tmp/lc}; OUT=${OUT:-$WORK/out}; LIMIT=${LIMIT:-570}
+NEEDLE_LENGTHS=${NEEDLE_LENGTHS:-4096,8192,16384,32768}; NEEDLE_DEPTHS=${NEEDLE_DEPTHS:-10}; NGL=${NGL:-999}
 mkdir -p "$WORK" "$OUT"
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) - 20 )); }
@@ -57,7 +59,7 @@ run_step() {
   retro)
     [ -s "$WORK/$name.retrofit.json" ] && return 0
     # shellcheck disable=SC2046
-    dsa convert "$MODEL" "$WORK/$name.gguf" --calib "$CALIB" --device cuda --outtype f16 $(args "${step#retro:"$name":}") \
+    dsa convert "$MODEL" "$WORK/$name.gguf" --calib "$CALIB" --device "${RETRO_DEVICE:-cuda}" --outtype f16 $(args "${step#retro:"$name":}") \
       --json > "$WORK/$name.retrofit.json" 2> "$WORK/$name.retrofit.log" || { tail -5 "$WORK/$name.retrofit.log"; return 1; }
     python3 - "$WORK/$name.retrofit.json" <<'PY'
 import json, sys
@@ -71,11 +73,11 @@ PY
     tag=$(basename "$filler" | cut -d. -f1)
     # shellcheck disable=SC2046
     [ -s "$WORK/needle-$name-$task-$tag-f16.json" ] || dsa eval "$WORK/$name.gguf" --needle "$task" --filler "$filler" \
-      --lengths 4096,8192,16384,32768 --depths 10 --attn dense,sparse,local --kv f16 --n-gpu-layers 999 \
+      --lengths "$NEEDLE_LENGTHS" --depths "$NEEDLE_DEPTHS" --attn dense,sparse,local --kv f16 --n-gpu-layers "$NGL" \
       --plot "$WORK/needle-$name-$task-$tag-f16.png" $(args "${extra:-}") --json > "$WORK/needle-$name-$task-$tag-f16.json"
     # shellcheck disable=SC2046
     [ -s "$WORK/needle-$name-$task-$tag-asq.json" ] || dsa eval "$WORK/$name.gguf" --needle "$task" --filler "$filler" \
-      --lengths 4096,8192,16384,32768 --depths 10 --attn sparse --kv asq --n-gpu-layers 999 \
+      --lengths "$NEEDLE_LENGTHS" --depths "$NEEDLE_DEPTHS" --attn sparse --kv asq --n-gpu-layers "$NGL" \
       --plot "$WORK/needle-$name-$task-$tag-asq.png" $(args "${extra:-}") --json > "$WORK/needle-$name-$task-$tag-asq.json"
     python3 scripts/needle_summary.py "$WORK/needle-$name-$task-$tag-f16.json" "$WORK/needle-$name-$task-$tag-asq.json" ;;
   ppl)
@@ -84,14 +86,14 @@ PY
       set -- $v
       local f="$WORK/ppl-$name-$ctx-$1-$2.json"
       [ -s "$f" ] || dsa eval "$WORK/$name.gguf" --ppl wikitext2 --ctx "$ctx" --attn "$1" --kv "$2" "${@:3}" \
-        --flash-attn --n-gpu-layers 999 --json > "$f" || { rm -f "$f"; continue; }
+        --flash-attn --n-gpu-layers "$NGL" --json > "$f" || { rm -f "$f"; continue; }
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-1], \
 {k: r.get(k) for k in ('ppl','ppl_stderr','chunks','kld_mean','same_top_p','top_k')})" "$f"
     done ;;
   passkey)
     for len in 16384 32768; do
       for mode in dense sparse; do
-        [ -s "$WORK/passkey-$name-$len-$mode.txt" ] || bash scripts/passkey.sh "$WORK/$name.gguf" "$len" "$mode" -ngl 999 \
+        [ -s "$WORK/passkey-$name-$len-$mode.txt" ] || bash scripts/passkey.sh "$WORK/$name.gguf" "$len" "$mode" -ngl "$NGL" \
           > "$WORK/passkey-$name-$len-$mode.txt" 2>&1
         tail -n 4 "$WORK/passkey-$name-$len-$mode.txt"
       done
@@ -103,7 +105,7 @@ PY
 }
 
 export -f run_step args dsa stamp
-export B WORK OUT MODEL CALIB T0
+export B WORK OUT MODEL CALIB T0 NEEDLE_LENGTHS NEEDLE_DEPTHS NGL
 bgpids=()
 for step in ${STEPS:?set STEPS}; do
   t=$(left)
