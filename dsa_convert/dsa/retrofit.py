@@ -119,7 +119,7 @@ def indexer_tensors(il: int, w: IndexerWeights) -> dict[str, np.ndarray]:
 
 def _model_ctx(model) -> int:
     spec = getattr(model, "spec", None)
-    for a in ("context_length", "n_ctx_train", "max_position_embeddings"):
+    for a in ("n_ctx", "context_length", "n_ctx_train", "max_position_embeddings"):
         if spec is not None and getattr(spec, a, None):
             return int(getattr(spec, a))
     return 2048
