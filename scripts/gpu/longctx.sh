@@ -22,7 +22,8 @@
 #                               F16 on the same tokens); sparse with the ASQ cache and --kld
 #   passkey:NAME                llama-passkey (upstream's client) dense and sparse at 16K and 32K, 3 depths
 #   split:NAME                  WORK/NAME.gguf into OUT/NAME.gguf.partNN (15 MiB each; `cat` joins them)
-# NEEDLE_LENGTHS / NEEDLE_DEPTHS / NGL: the grid and the layers offloaded (defaults 4096,...,32768 / 10 / 999).
+# NEEDLE_LENGTHS / NEEDLE_DEPTHS / NGL / PPL_CHUNKS: the grid, the layers offloaded, the WikiText-2 chunks of a ppl
+# step (defaults 4096,...,32768 / 10 / 999 / 4).
 # LIMIT: seconds for the whole call (default 570); a step gets what is left, and the results are packed into
 # OUT/longctx.tgz at the end in every case. WORK defaults to /tmp/lc (kept while the machine stays warm).
 set -uo pipefail
@@ -30,7 +31,7 @@ B=$(cd "${1:?usage: longctx.sh BUNDLE}" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 WORK=${WORK:-/tmp/lc}; OUT=${OUT:-$WORK/out}; LIMIT=${LIMIT:-570}
-NEEDLE_LENGTHS=${NEEDLE_LENGTHS:-4096,8192,16384,32768}; NEEDLE_DEPTHS=${NEEDLE_DEPTHS:-10}; NGL=${NGL:-999}
+NEEDLE_LENGTHS=${NEEDLE_LENGTHS:-4096,8192,16384,32768}; NEEDLE_DEPTHS=${NEEDLE_DEPTHS:-10}; NGL=${NGL:-999}; PPL_CHUNKS=${PPL_CHUNKS:-4}
 mkdir -p "$WORK" "$OUT"
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) - 20 )); }
@@ -85,7 +86,7 @@ PY
     for v in "dense f16" "sparse f16 --kld" "local f16 --kld" "sparse asq --kld"; do
       set -- $v
       local f="$WORK/ppl-$name-$ctx-$1-$2.json"
-      [ -s "$f" ] || dsa eval "$WORK/$name.gguf" --ppl wikitext2 --ctx "$ctx" --attn "$1" --kv "$2" "${@:3}" \
+      [ -s "$f" ] || dsa eval "$WORK/$name.gguf" --ppl wikitext2 --ctx "$ctx" --chunks "$PPL_CHUNKS" --attn "$1" --kv "$2" "${@:3}" \
         --flash-attn --n-gpu-layers "$NGL" --json > "$f" || { rm -f "$f"; continue; }
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-1], \
 {k: r.get(k) for k in ('ppl','ppl_stderr','chunks','kld_mean','same_top_p','top_k')})" "$f"
@@ -105,7 +106,7 @@ PY
 }
 
 export -f run_step args dsa stamp
-export B WORK OUT MODEL CALIB T0 NEEDLE_LENGTHS NEEDLE_DEPTHS NGL
+export B WORK OUT MODEL CALIB T0 NEEDLE_LENGTHS NEEDLE_DEPTHS NGL PPL_CHUNKS
 bgpids=()
 for step in ${STEPS:?set STEPS}; do
   t=$(left)
