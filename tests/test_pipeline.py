@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_tiny_model
+from conftest import REF_MODEL, make_tiny_model, needs
 
 from dsa_convert.errors import BadInputError
 from dsa_convert.pipeline import run
@@ -287,6 +287,7 @@ def test_example_pipeline_parses():
 
 @pytest.mark.slow
 @pytest.mark.backend
+@needs(REF_MODEL)          # examples/pipeline.toml names ../shared/models/ref-llama-27m
 def test_real_quantize_eval(tmp_path):
     """The example pipeline end to end with the real commands, then a second run skips every step."""
     root = Path(__file__).resolve().parents[1]
