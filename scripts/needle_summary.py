@@ -4,8 +4,9 @@
     python3 scripts/needle_summary.py needle-f16.json needle-asq.json [--against dense]
 
 For each file's (task, filler) the table has one row per context length and one column per attention mode and KV
-cache (hits / trials over all depths), then the cells (length x depth) where a mode retrieves more than one trial
-fewer than `--against` (default dense): the retrofit issue's "sparse hits = dense hits in every cell, +- 1 trial".
+cache (hits / trials over all depths), then per mode the cells (length x depth) where it retrieves fewer than
+`--against` (default dense), how many of them by more than one trial (the retrofit issue's "sparse hits = dense hits
+in every cell, +- 1 trial") and in how many it retrieves more; the first cells below are named.
 """
 from __future__ import annotations
 
@@ -45,10 +46,15 @@ def table(cells: dict, against: str) -> list[str]:
     for a in labels:
         if a == against:
             continue
-        worse = [(k[1], k[2], v[0], cells[(against, k[1], k[2])][0]) for k, v in cells.items()
-                 if k[0] == a and (against, k[1], k[2]) in cells and v[0] < cells[(against, k[1], k[2])][0] - 1]
-        lines.append(f"{a}: {len(worse)} cells more than one trial below {against}"
-                     + ("" if not worse else ": " + ", ".join(f"{L}@d{d} {h} vs {g}" for L, d, h, g in sorted(worse))))
+        pairs = [(k[1], k[2], v[0], cells[(against, k[1], k[2])][0]) for k, v in cells.items()
+                 if k[0] == a and (against, k[1], k[2]) in cells]
+        below = [p for p in pairs if p[2] < p[3]]
+        worse = [p for p in below if p[2] < p[3] - 1]
+        above = sum(1 for p in pairs if p[2] > p[3])
+        lines.append(f"{a}: {len(below)} of {len(pairs)} cells below {against}, {len(worse)} by more than one trial, "
+                     f"{above} above" + ("" if not below else ": " + ", ".join(f"{L}@d{d} {h} vs {g}"
+                                                                               for L, d, h, g in sorted(below)[:8])
+                                            + (", ..." if len(below) > 8 else "")))
     return lines
 
 

@@ -19,7 +19,7 @@ from dsa_convert.eval import needle_filler
 from dsa_convert.eval.needle import (NeedleOptions, answer_text, depth_values, first_integer, is_hit, plan_trials,
                                      run_needle, trial_seed)
 from dsa_convert.eval.needle_filler import JUNK, JunkFiller, TextFiller, load_filler
-from dsa_convert.eval.needle_plot import write_heatmap
+from dsa_convert.eval.needle_plot import write_heatmap, write_heatmap_isolated
 from dsa_convert.eval.needle_prompts import (ADJECTIVES, NOUNS, PASSKEY_PREFIX, PASSKEY_QUESTION, compose,
                                              magic_needle, magic_question, passkey_needle, trial_content)
 
@@ -282,6 +282,14 @@ def test_json_shape_and_scores(tok, tmp_path):
     out = write_heatmap(res, tmp_path / "grid.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     assert not list(tmp_path.glob(".*tmp*"))
+    # the llama.cpp grid draws in a child interpreter (matplotlib beside llama.cpp's CUDA backend segfaults)
+    child = write_heatmap_isolated(res, tmp_path / "child.png")
+    assert child.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and child.stat().st_size > 5000
+    (tmp_path / "not-a-result.json").write_text('{"task": "passkey"}')
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.eval.needle_plot", str(tmp_path / "not-a-result.json"),
+                        str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert r.returncode == 3 and r.stderr.strip().startswith("error:") and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_too_small_and_too_short_are_bad_input(tok, tmp_path):

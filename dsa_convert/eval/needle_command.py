@@ -136,9 +136,10 @@ def run_command(c: NeedleCommand) -> dict:
     else:
         raise BadInputError(f"unknown --backend {c.backend!r} (llama.cpp or torch)")
     if c.plot is not None:
-        from .needle_plot import write_heatmap
+        from .needle_plot import write_heatmap, write_heatmap_isolated
 
-        res["plot"] = str(write_heatmap(res, c.plot))
+        draw = write_heatmap_isolated if c.backend == "llama.cpp" else write_heatmap
+        res["plot"] = str(draw(res, c.plot))
     return res
 
 

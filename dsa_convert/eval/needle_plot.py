@@ -1,8 +1,14 @@
 """The needle-in-a-haystack heatmap of a `run_needle` result: depth (%) down, context length across, one panel per
-attention mode, colour = accuracy (red 0 .. green 1), every cell annotated hits/trials."""
+attention mode, colour = accuracy (red 0 .. green 1), every cell annotated hits/trials.
+
+    python3 -m dsa_convert.eval.needle_plot RESULT.json OUT.png      (a saved `dsa eval --needle --json` result)
+"""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from ..errors import BadInputError, DsaError
@@ -79,3 +85,41 @@ def write_heatmap(result: dict, out: Path) -> Path:
         plt.close(fig)
         tmp.unlink(missing_ok=True)
     return out
+
+
+def write_heatmap_isolated(result: dict, out: Path) -> Path:
+    """write_heatmap in a fresh interpreter. On the CUDA build, a process that holds llama.cpp's CUDA backend and then
+    imports matplotlib segfaults (H200 image, as numpy before llama_cpp does: backend.runtime.preload_llama_cpp), so
+    the llama.cpp grid draws its heatmap in a child that never loads llama.cpp."""
+    check_plot_path(out)
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.eval.needle_plot", "-", str(out)], input=json.dumps(result),
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        raise DsaError(f"--plot: drawing {out} failed: {last.removeprefix('error: ')}")
+    return Path(out)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python3 -m dsa_convert.eval.needle_plot RESULT.json|- OUT.png", file=sys.stderr)
+        return 2
+    try:
+        text = sys.stdin.read() if argv[0] == "-" else Path(argv[0]).read_text()
+        result = json.loads(text)
+        if not isinstance(result, dict) or "rows" not in result:
+            raise BadInputError(f"{argv[0]}: not a dsa eval --needle JSON result")
+        write_heatmap(result, Path(argv[1]))
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"error: {argv[0]}: cannot read a needle result ({e.__class__.__name__})", file=sys.stderr)
+        return 3
+    except DsaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
