@@ -397,6 +397,101 @@ def bench(
                        f"{failed[0]['attn']}: {failed[0]['error']}")
 
 
+_SESSION_HELP = {
+    "ctx": "context per sequence (default: the model's, at most 4096)",
+    "attn": "sparse | dense | local (default: as the file says)",
+    "kv": "KV cache: f16 | q8_0 | q4_0 | asq (default: asq where the file has ASQ prototypes and runs sparse, else f16)",
+    "ngl": "layers offloaded to the GPU (default: all on a CUDA build)",
+}
+
+
+def _session(file: Path, ctx, attn, kv, top_k, n_gpu_layers, flash_attn):
+    from .backend.runtime import import_llama_cpp
+    from .generate.session import SessionOptions, plan_session
+
+    try:
+        offload = bool(import_llama_cpp().llama_supports_gpu_offload())
+    except DsaError:
+        offload = False
+    return plan_session(file, SessionOptions(ctx=ctx, attn=_lower(attn), kv=kv, top_k=top_k,
+                                             n_gpu_layers=n_gpu_layers, flash_attn=flash_attn), offload)
+
+
+@app.command("run")
+@guarded
+def run_cmd(
+    file: Path = typer.Argument(..., help="GGUF file"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the prompt"),
+    prompt_file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from this file"),
+    n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate at most"),
+    ctx: Optional[int] = typer.Option(None, "--ctx", help=_SESSION_HELP["ctx"]),
+    attn: Optional[str] = typer.Option(None, "--attn", help=_SESSION_HELP["attn"]),
+    kv: Optional[str] = typer.Option(None, "--kv", help=_SESSION_HELP["kv"]),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="override the file's indexer top-k"),
+    temp: float = typer.Option(0.8, "--temp", help="sampling temperature; 0 = greedy"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random, reported)"),
+    n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help=_SESSION_HELP["ngl"]),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn"),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="CPU threads (default: all)"),
+    as_json: bool = typer.Option(False, "--json", help="print the whole result as JSON instead of streaming"),
+):
+    """Generate a completion: the text streams to stdout, a one-line stats footer goes to stderr."""
+    from .backend.runtime import preload_llama_cpp
+    preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
+    from .errors import BadInputError
+    from .generate.complete import RunOptions, check_run_options, complete, stats_line
+
+    if (prompt is None) == (prompt_file is None):
+        raise BadInputError("give the prompt with -p TEXT or -f FILE (one of them)")
+    if prompt_file is not None:
+        try:
+            prompt = prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadInputError(f"-f {prompt_file}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    o = RunOptions(prompt=prompt, n_predict=n_predict, temp=temp, seed=seed, threads=threads)
+    check_run_options(o)
+    plan = _session(file, ctx, attn, kv, top_k, n_gpu_layers, flash_attn)
+
+    def stream(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    r = complete(plan, o, None if as_json else stream)
+    if as_json:
+        emit_json(r)
+        return
+    if sys.stdout.isatty():
+        sys.stdout.write("\n")
+    print(stats_line(r), file=sys.stderr)
+
+
+@app.command("serve")
+@guarded
+def serve_cmd(
+    file: Path = typer.Argument(..., help="GGUF file"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (default: loopback only)"),
+    port: int = typer.Option(8080, "--port"),
+    ctx: Optional[int] = typer.Option(None, "--ctx", help=_SESSION_HELP["ctx"] + ", for each slot"),
+    parallel: int = typer.Option(1, "--parallel", "-np", help="server slots (concurrent requests)"),
+    attn: Optional[str] = typer.Option(None, "--attn", help=_SESSION_HELP["attn"]),
+    kv: Optional[str] = typer.Option(None, "--kv", help=_SESSION_HELP["kv"]),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="override the file's indexer top-k"),
+    n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help=_SESSION_HELP["ngl"]),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn"),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="CPU threads (default: llama-server's)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="llama.cpp's load log too (the sparse attention "
+                                 "and KV cache lines; -lv 4, which also logs every request in detail)"),
+):
+    """Serve the file with the patched llama-server (OpenAI-compatible API); prints the base URL when it is ready."""
+    from .generate.server import ServeOptions, check_serve_options, serve
+
+    o = ServeOptions(host=host, port=port, parallel=parallel, threads=threads, verbose=verbose)
+    check_serve_options(o)
+    plan = _session(file, ctx, attn, kv, top_k, n_gpu_layers, flash_attn)
+    rc = serve(plan, o, lambda m: print(m, file=sys.stderr, flush=True))
+    raise typer.Exit(rc)
+
+
 @backend_app.command("build")
 @guarded
 def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CUDA (sm_90 by default)"),

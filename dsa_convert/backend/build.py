@@ -2,8 +2,8 @@
 
 Steps: locate (or `pip download`) the sdist -> untar -> apply ``patches/llama.cpp/*.patch``
 to ``vendor/llama.cpp`` -> ``pip wheel`` with ``CMAKE_ARGS`` (build dir kept) -> build the
-vendored tools (llama-perplexity, llama-quantize, llama-imatrix, llama-bench, llama-passkey) in the same
-tree -> cache wheel + tools under a key of version + sdist hash + patch hash + flags.
+vendored tools (llama-perplexity, llama-quantize, llama-imatrix, llama-bench, llama-passkey, llama-cli,
+llama-server) in the same tree -> cache wheel + tools under a key of version + sdist hash + patch hash + flags.
 A second build with the same key is a cache hit: only ``pip install`` of the cached wheel.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 VENDORED_LLAMA_CPP_COMMIT = "0c1e57098"
-TOOLS = ("llama-perplexity", "llama-quantize", "llama-imatrix", "llama-bench", "llama-passkey")
+TOOLS = ("llama-perplexity", "llama-quantize", "llama-imatrix", "llama-bench", "llama-passkey", "llama-cli",
+         "llama-server")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PATCH_DIR = REPO_ROOT / "patches" / "llama.cpp"
 
@@ -53,7 +54,10 @@ class BuildConfig:
         args = [
             "-DLLAVA_BUILD=OFF",  # multimodal library not needed; saves build time
             "-DLLAMA_BUILD_TOOLS=ON",
-            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_BUILD_SERVER=ON",      # llama-server and llama-cli (`dsa serve`)
+            "-DLLAMA_BUILD_UI=OFF",         # the server's web UI: npm, or a download at build time; the API needs neither
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_OPENSSL=OFF",          # plain HTTP on loopback; no libssl needed to build
             "-DLLAMA_BUILD_APP=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_BUILD_EXAMPLES=ON",   # llama-passkey (examples/passkey): the upstream long-context client
