@@ -390,12 +390,13 @@ def test_torch_backend_retrieves_passkey(gguf_32k, tmp_path):
 
 
 @requires_backend
-def test_llamacpp_backend_retrieves_passkey_same_prompts(gguf_32k):
+def test_llamacpp_backend_retrieves_passkey_same_prompts(gguf_32k, tmp_path):
+    png = tmp_path / "grid.png"                          # drawn in a child interpreter (needle_plot)
     r = run_dsa("eval", str(gguf_32k), "--needle", "passkey", "--lengths", "2048", "--depths", "3", "--attn", "dense",
-                "--max-new", "6", "--json", timeout=600)
+                "--max-new", "6", "--plot", str(png), "--json", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
-    assert res["backend"] == "llama.cpp"
+    assert res["backend"] == "llama.cpp" and res["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
     _check_retrieval(res, 2048, 3)
     # the prompts are the torch backend's: same seeds, same needles, same lengths in tokens
     assert [a["seed"] for row in res["rows"] for a in row["answers"]] == [trial_seed(0, 2048, d, 0) for d in range(3)]
