@@ -187,8 +187,9 @@ def vocab_tokens_isolated(path: Path, text: str, add_bos: bool | None = None) ->
     import sys
     import tempfile
 
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    from .runtime import child_python_env
+
+    env = child_python_env()
     with tempfile.TemporaryDirectory(prefix="dsa-tok-") as d:
         tf = Path(d) / "text.txt"
         tf.write_text(text, encoding="utf-8")

@@ -15,6 +15,14 @@ class BackendMissing(DsaError):
     pass
 
 
+def child_python_env(extra: dict | None = None) -> dict:
+    """The environment of a child `python -m dsa_convert...`: this one's, with the directory holding the dsa_convert
+    package first on PYTHONPATH (children that must load llama.cpp before numpy, or must not load it at all)."""
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, **(extra or {}),
+            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
 def import_llama_cpp():
     try:
         import llama_cpp  # noqa: F401

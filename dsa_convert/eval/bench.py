@@ -150,9 +150,9 @@ def _run_variant(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, varian
     the start; the child is stopped if this one is interrupted (Ctrl-C, SIGTERM). Not multiprocessing's spawn: its
     child imports the parent's modules (numpy) before llama.cpp, which segfaults on the H200 image
     (backend.runtime.preload_llama_cpp)."""
-    root = str(Path(__file__).resolve().parents[2])        # the directory holding the dsa_convert package
-    env = {**os.environ, **parse_variant(variant),
-           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    from ..backend.runtime import child_python_env
+
+    env = child_python_env(parse_variant(variant))
     with tempfile.TemporaryDirectory(prefix="dsa-variant-") as td:
         result = Path(td) / "result.pkl"
         child = subprocess.Popen([sys.executable, "-m", "dsa_convert.eval.variant_proc", str(result)],

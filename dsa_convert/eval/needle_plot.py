@@ -92,8 +92,9 @@ def write_heatmap_isolated(result: dict, out: Path) -> Path:
     imports matplotlib segfaults (H200 image, as numpy before llama_cpp does: backend.runtime.preload_llama_cpp), so
     the llama.cpp grid draws its heatmap in a child that never loads llama.cpp."""
     check_plot_path(out)
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    from ..backend.runtime import child_python_env
+
+    env = child_python_env()
     r = subprocess.run([sys.executable, "-m", "dsa_convert.eval.needle_plot", "-", str(out)], input=json.dumps(result),
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:

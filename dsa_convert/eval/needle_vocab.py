@@ -8,7 +8,6 @@ amount, so the child answers requests over a pipe instead of being started per t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -93,8 +92,9 @@ class GgufVocab:
     """A GGUF's vocab in llama.cpp (vocab_only) in a child process; BOS first (the needle formats start with it)."""
 
     def __init__(self, path: Path):
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        from ..backend.runtime import child_python_env
+
+        env = child_python_env()
         self._err = tempfile.TemporaryFile()
         self.path = Path(path)
         self._proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdin=subprocess.PIPE,
