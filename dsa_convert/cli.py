@@ -406,13 +406,13 @@ _SESSION_HELP = {
 
 
 def _session(file: Path, ctx, attn, kv, top_k, n_gpu_layers, flash_attn):
-    from .backend.runtime import import_llama_cpp
+    """The checked session plan; -ngl defaults to every layer where the built backend is a CUDA build (read from the
+    build's record, so that `dsa serve` does not load llama.cpp itself)."""
+    from .backend.runtime import current_build
     from .generate.session import SessionOptions, plan_session
 
-    try:
-        offload = bool(import_llama_cpp().llama_supports_gpu_offload())
-    except DsaError:
-        offload = False
+    build = current_build()
+    offload = build is not None and bool(json.loads((build / "build.json").read_text()).get("cuda"))
     return plan_session(file, SessionOptions(ctx=ctx, attn=_lower(attn), kv=kv, top_k=top_k,
                                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn), offload)
 
