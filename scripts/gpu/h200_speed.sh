@@ -31,6 +31,9 @@
 #   bench8b   dsa bench on the 8B file (~3-5 min; 131072 alone ~2-3 min: if the 10-minute limit is a risk,
 #             run with BENCH8B_CTX=16384,65536 first, then BENCH8B_CTX=131072 into another OUT)
 #   anchor8b  llama-bench on the 8B files (~2-4 min)
+#   run8b     `dsa run` on the 8B file, sparse and dense, greedy, f16 cache, a RUN_PROMPT-token prompt (default
+#             65280 of book text cut with the file's tokenizer; RUN_FILLER: the text) in a 65536 context, 128 new
+#             tokens: the user-facing generation speed beside bench8b's decode (~1-2 min)
 # Total without build: ~12-20 min of device time with 8B, ~4-5 min for topk + 1B only.
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '2,34p' "$0"; exit 2; }
@@ -56,8 +59,9 @@ need_fa_backend() {
 }
 
 synth() { # shape file
-  [ -f "$WORK/$2" ] || { s=$(date +%s); python3 scripts/make_synth_gguf.py "$WORK/$2" --shape "$1" --outtype q4_k_m \
-      --top-k 2048 --quiet; echo "$2: $(( $(date +%s) - s )) s"; }
+  # written under another name and renamed when complete: a step cut short leaves no file that looks finished
+  [ -f "$WORK/$2" ] || { s=$(date +%s); python3 scripts/make_synth_gguf.py "$WORK/part-$2" --shape "$1" --outtype q4_k_m \
+      --top-k 2048 --force --quiet && mv "$WORK/part-$2" "$WORK/$2"; echo "$2: $(( $(date +%s) - s )) s"; }
   [ -f "$WORK/${2%.gguf}-stock.gguf" ] || python3 scripts/strip_dsa.py "$WORK/$2" "$WORK/${2%.gguf}-stock.gguf"
   ls -la "$WORK/$2" "$WORK/${2%.gguf}-stock.gguf"
 }
@@ -97,6 +101,33 @@ for r in json.load(open(sys.argv[1])):
   done
 }
 
+run_file() { # file tag
+  local prompt=$WORK/prompt-$2.txt
+  [ -s "$prompt" ] || python3 - "$WORK/$1" "${RUN_FILLER:?set RUN_FILLER=<a text file, .xz allowed>}" \
+      "${RUN_PROMPT:-65280}" "$prompt" <<'EOF'
+import lzma, sys
+import llama_cpp
+path, filler, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+text = (lzma.open(filler, "rt") if filler.endswith(".xz") else open(filler)).read()
+llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+toks = llm.tokenize(text.encode(), add_bos=False)
+while len(toks) < n:
+    toks += toks
+open(out, "wb").write(llm.detokenize(toks[:n]))
+EOF
+  for attn in sparse dense; do
+    [ -s "$OUT/run-$2-$attn.json" ] || dsa run "$WORK/$1" -f "$prompt" --ctx 65536 -n 128 --temp 0 --seed 0 \
+        --attn $attn --kv f16 --json > "$OUT/run-$2-$attn.json" 2> "$OUT/run-$2-$attn.log" \
+      || { tail -5 "$OUT/run-$2-$attn.log"; continue; }
+    python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(sys.argv[2], r['attention'], 'prompt', r['prompt_tokens'], 'tok %.1f tok/s' % r['prompt_tps'],
+      '| generated', r['generated_tokens'], 'tok %.1f tok/s' % r['gen_tps'], '|', r['finish_reason'])
+" "$OUT/run-$2-$attn.json" $attn
+  done
+}
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 for step in $STEPS; do
   stamp "$step"
@@ -130,6 +161,7 @@ for step in $STEPS; do
   synth8b)  need_fa_backend; synth llama-3.1-8b synth-8b-q4_k_m.gguf ;;
   bench8b)  need_fa_backend; bench synth-8b-q4_k_m.gguf "8b${BENCH8B_CTX:+-${BENCH8B_CTX//,/-}}" "${BENCH8B_CTX:-$CTX}" ;;
   anchor8b) need_fa_backend; anchor synth-8b-q4_k_m.gguf 8b ;;
+  run8b)    need_fa_backend; run_file synth-8b-q4_k_m.gguf 8b ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
