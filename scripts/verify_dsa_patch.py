@@ -161,7 +161,7 @@ def main() -> int:
     check("sparse matches kernels_ref", d_ref < args.tol, f"(max |diff| {d_ref:.2e})")
     check("sparse differs from dense", d_dense > 10 * max(d_ref, 1e-6), f"(max |diff| {d_dense:.2e})")
 
-    # decode path (issue #6): ubatches of <= 8 tokens gather only the selected K/V rows
+    # decode path: ubatches of <= 8 tokens gather only the selected K/V rows
     P = min(args.prefill, args.tokens - 1)
     dec = llama_logits(dsa, toks, prefill=P)
     d_dec_ref, d_dec_mask = np.abs(dec - ref).max(), np.abs(dec - sparse).max()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""KV-cache table of issue #7: bytes per token as llama.cpp allocates them and PPL, for the ordinary cache
+"""KV-cache table (RESULTS §7): bytes per token as llama.cpp allocates them and PPL, for the ordinary cache
 types and the ASQ cache of a DSA GGUF with ASQ prototypes, plus llama.cpp's ASQ PPL against kernels_ref's.
 
     python3 scripts/bench/bench_kv.py --dsa ref-dsa.gguf --tokenizer ../shared/models/ref-llama-27m \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue #6 acceptance on one H200: is sparse attention faster than dense on the GPU?
+# Sparse against dense decode and prefill speed on one H200 (synthetic 1B / 8B shapes), llama-bench anchors, and
+# `dsa run` beside `dsa bench`.
 #
 #   bash scripts/gpu/h200_speed.sh WORK OUT [STEP ...]
 #
@@ -11,8 +12,8 @@
 # Needs the patched CUDA backend installed WITH flash-attention kernels (`dsa backend build --cuda` without
 # --cmake-arg=-DGGML_CUDA_FA=OFF, as scripts/gpu/h200_checks.sh's `build` step does unless CUDA_FA=OFF; the steps
 # below refuse a backend without them). Step `build` does that build (SDIST=<llama-cpp-python sdist>).
-# The `speed` step of h200_checks.sh (through gpu_batch.sh) is the sweep used since; the anchor steps here are the
-# only harness for llama-bench's dense anchors (the issue's 887 / 298 tok/s for the 1B at depth 0 / 128K).
+# The `speed` step of h200_checks.sh (through gpu_batch.sh) runs the repeated sweeps of RESULTS §8; the anchor steps
+# here are the only harness for llama-bench's dense anchors (tok/s of the stock file at depths 0-128K).
 #
 # Steps (default: topk synth1b bench1b anchor1b synth8b bench8b anchor8b); device-time estimates, H200:
 #   build     dsa backend build --cuda (FA kernels on), in the background; waits up to BUILD_WAIT s (default
