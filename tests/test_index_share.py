@@ -100,8 +100,9 @@ def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path)
 
 def test_retrofit_runs_each_layer_forward_once_per_pass(tmp_path, monkeypatch):
     """A group's shared layers are run once per pass: their q/k for the group target, their ASQ samples and the hidden
-    states the next group starts from come from the same forward (pass A with held-out chunks, pass B after the
-    calibrated split), and the last layer is not advanced (nothing reads its output)."""
+    states the next group starts from come from the same forward (pass A with held-out chunks; pass B, after the
+    calibrated split, only when pass A's data was not kept), and the last layer is not advanced (nothing reads its
+    output)."""
     from dsa_convert.dsa import retrofit
     from dsa_convert.dsa.config import DsaConfig
     from test_runtime_dsa import _calib_file
@@ -115,7 +116,11 @@ def test_retrofit_runs_each_layer_forward_once_per_pass(tmp_path, monkeypatch):
                     device="cpu").validate()
     res = retrofit.run_retrofit(model, cfg)
     assert res.report["split_source"] == "calibrated"
-    assert calls == [0, 1, 2, 3] * 2          # pass A, then pass B: layers 0-3 once each, layer 4 never
+    assert calls == [0, 1, 2, 3]              # pass A: layers 0-3 once each, layer 4 never; pass B reuses its data
+    calls.clear()
+    monkeypatch.setattr(retrofit, "_keeps_pass_a_data", lambda *a: False)
+    res = retrofit.run_retrofit(model, cfg)
+    assert calls == [0, 1, 2, 3] * 2          # without the memory for that: pass B runs the layers once more
     assert sorted(res.report["layers"]) == [0, 2, 4] and all("heldout_kl_dense_phase" in res.report["layers"][il]
                                                            for il in (0, 2, 4))
     assert sorted(res.report["asq"]["layers"]) == [0, 1, 2, 3, 4]

@@ -132,6 +132,21 @@ def test_select_blocks_matches_naive(K, S, L, B):
     assert (got.sum(1) <= K).all()
 
 
+@pytest.mark.parametrize("mode", ["token", "block"])
+def test_selection_of_sampled_rows_equals_the_full_problem(mode):
+    # the indexer's training step selects only its sampled query rows (row0 = their positions): the same masks as
+    # those rows of the whole [T, T] problem, dense rows (t + 1 <= K) and a tied row included
+    T, K, S, L, B = 64, 16, 2, 4, 4
+    sc = torch.randn(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    sc[40] = torch.where(torch.arange(T) <= 40, 0.0, float("-inf"))
+    rows = torch.tensor([0, 3, 15, 16, 17, 40, 41, 63])
+    sel = (lambda x, r=None: select_tokens(x, K, S, L, row0=r)) if mode == "token" \
+        else (lambda x, r=None: select_blocks(x, K, S, L, B, row0=r))
+    assert torch.equal(sel(sc[rows], rows), sel(sc)[rows])
+    with pytest.raises(ValueError):
+        sel(sc[rows], rows + T)
+
+
 def test_selection_rejects_bad_split():
     with pytest.raises(ValueError):
         select_tokens(torch.zeros(4, 4), 4, 3, 2)

@@ -138,11 +138,11 @@ def train_layer(data: LayerCalib, w0: IndexerWeights, *, steps: int, top_k: int,
             s_idx = torch.arange(T, device=dev)[None, :]
             keep = causal & (s_idx >= sink) & (s_idx <= r - local)
         else:
-            with torch.no_grad():
-                full = torch.full((T, T), float("-inf"), device=dev)
-                full[rows] = sc.detach()
-                fn = select_tokens if select == "token" else (lambda s, K, S, L: select_blocks(s, K, S, L, block_size))
-                keep = fn(full, top_k, sink, local)[rows]
+            with torch.no_grad():     # the selection of the sampled rows only (a row's picks depend on its own scores)
+                if select == "token":
+                    keep = select_tokens(sc.detach(), top_k, sink, local, row0=rows)
+                else:
+                    keep = select_blocks(sc.detach(), top_k, sink, local, block_size, row0=rows)
         loss = kl_loss(tgt, sc, keep)
         opt.zero_grad(set_to_none=True)
         loss.backward()

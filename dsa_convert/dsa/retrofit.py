@@ -14,7 +14,9 @@ layers).
 The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
 at a time over all calibration chunks, each layer once per pass (a group's shared layers in the same
 forward that collects their q/k); the hidden states and the current group's x/q/k stay on the
-training device (on a GPU this avoids a host-to-device copy per training step). K prototypes are in
+training device (on a GPU this avoids a host-to-device copy per training step). When every layer's activations fit in
+memory beside that, the sparse phase after the split search reuses them instead of a second pass over the model (on
+a 2-core CPU at 32K that pass is most of the phase). K prototypes are in
 the GGUF's head layout (llama q/k rows are permuted to GGML's interleaved RoPE), as the llama.cpp KV
 cache holds them.
 """
@@ -34,7 +36,7 @@ from ..errors import BadInputError
 from ..kernels_ref.indexer import IndexerWeights
 from ..resources import peak_rss_mib
 from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
-from .calib import activation_bytes_per_token, calib_chunks, plan_calibration
+from .calib import MEMORY_SHARE, activation_bytes_per_token, calib_chunks, free_memory_bytes, plan_calibration
 from .config import DsaConfig
 from .indexer_train import LayerCalib, TrainLog, eval_kl, init_indexer, train_layer
 from .placement import choose_full_layers, n_full_layers
@@ -173,6 +175,16 @@ def _group_pass(model, il: int, end: int, h: torch.Tensor, pos: torch.Tensor, n_
     return train, held, h
 
 
+def _keeps_pass_a_data(hp, types: list[bool], plan, dev: str) -> bool:
+    """Whether every group's training activations (x of the full layer, q / k of all layers, float32) fit beside the
+    plan's working set in MEMORY_SHARE of the free memory: then the sparse phase reuses them instead of running the
+    frozen model over the calibration chunks a second time (the same values: each chunk's forward is independent)."""
+    per_token = 4 * (sum(types) * hp.n_embd + len(types) * (hp.n_head + hp.n_head_kv) * hp.head_dim)
+    need = plan.n_train * plan.ctx * per_token
+    working = (plan.n_train + plan.n_held) * plan.ctx * plan.bytes_per_token
+    return need + working <= MEMORY_SHARE * free_memory_bytes(dev)
+
+
 def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn] = None, model=None) -> DsaResult:
     """Train indexers, pick the split, fit ASQ; see the module docstring. ``model``: a RefModel to reuse."""
     from ..kernels_ref.model import RefModel
@@ -222,6 +234,10 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     # ---- pass A: dense warm-up (+ sparse phase when the split is given), ASQ samples, layer by layer
     emit({"stage": "calib_forward", "chunks": n_train + n_held, "ctx": ctx})
     h = torch.stack([model.embed(t) for t in tokens])
+    pass_b = not user_split and sparse_steps > 0
+    kept: dict[int, LayerCalib] | None = {} if pass_b and _keeps_pass_a_data(hp, types, plan, dev) else None
+    rep["calibration"]["sparse_phase_data"] = ("kept from the first pass" if kept is not None else
+                                               "recomputed" if pass_b else "none")
     t_asq = 0.0
     spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
     rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
@@ -237,6 +253,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         indexers[il] = w
         if held is not None:
             rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(held, w, cfg.top_k, device=dev)["kl"]
+        if kept is not None:
+            kept[il] = data
         del data, held
         for j, sampler in samplers.items():
             emit({"stage": "asq_fit", "layer": j})
@@ -259,9 +277,12 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         split_source = "calibrated"
         if sparse_steps > 0:
             t0 = time.time()
-            h = torch.stack([model.embed(t) for t in tokens[:n_train]])
+            h = torch.stack([model.embed(t) for t in tokens[:n_train]]) if kept is None else None
             for il, end in _groups(types):
-                data, _, h = _group_pass(model, il, end, h, pos, n_train, {})
+                if kept is not None:
+                    data = kept.pop(il)
+                else:
+                    data, _, h = _group_pass(model, il, end, h, pos, n_train, {})
                 indexers[il] = train_layer(data, indexers[il], steps=sparse_steps, phase="sparse", sink=sink,
                                            local=local, **kw(il))
                 del data

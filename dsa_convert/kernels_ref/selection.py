@@ -31,6 +31,19 @@ def _row0(n_rows: int, n_keys: int, row0: int | None) -> int:
     return r
 
 
+def _row_positions(n_rows: int, n_keys: int, row0: int | Tensor | None, device) -> Tensor:
+    """long [B]: the query position of each row: row0 .. row0 + B − 1, or row0 itself when it is a tensor of positions
+    (any rows of the problem, e.g. the query rows a training step samples)."""
+    if isinstance(row0, Tensor):
+        if row0.shape != (n_rows,):
+            raise ValueError(f"row positions {tuple(row0.shape)} for {n_rows} rows")
+        if n_rows and (int(row0.min()) < 0 or int(row0.max()) >= n_keys):
+            raise ValueError(f"query rows {int(row0.min())}..{int(row0.max())} do not fit {n_keys} keys")
+        return row0.to(device=device, dtype=torch.long)
+    r = _row0(n_rows, n_keys, row0)
+    return torch.arange(r, r + n_rows, device=device)
+
+
 def top_indices(vals: Tensor, valid: Tensor | None, n: int) -> Tensor:
     """long [B, n]: per row the indices (in no particular order) of the n highest ``vals`` among ``valid`` (None:
     all), ties -> lower index.
@@ -61,24 +74,25 @@ def top_indices(vals: Tensor, valid: Tensor | None, n: int) -> Tensor:
     return out
 
 
-def _middle_values(scores: Tensor, row0: int, sink: int, local: int) -> Tensor:
-    """float32 copy of scores [B, S] with −inf outside each row's middle region [sink, t − local]."""
+def _middle_values(scores: Tensor, t: Tensor, sink: int, local: int) -> Tensor:
+    """float32 copy of scores [B, S] with −inf outside each row's middle region [sink, t − local] (t: [B])."""
     B, S = scores.shape
-    last = torch.arange(row0, row0 + B, device=scores.device)[:, None] - local          # t − L
+    last = t[:, None] - local                                                           # t − L
     v = scores.float().masked_fill(torch.arange(S, device=scores.device)[None, :] > last, float("-inf"))
     v[:, :sink] = float("-inf")
     return v
 
 
 def pick_middle(scores: Tensor, top_k: int, sink: int, local: int, mode: str = "token", block_size: int = 64,
-                row0: int | None = None) -> Tensor:
+                row0: int | Tensor | None = None) -> Tensor:
     """int32 [B, n] middle picks of scores [B, S] (FORMAT §5 steps 3/4): token positions (n = K − S − L) or block
-    ids (n = ⌊(K − S − L) / B⌋). Rows that attend densely carry arbitrary picks."""
+    ids (n = ⌊(K − S − L) / B⌋). Rows that attend densely carry arbitrary picks. row0: the first row's position, or
+    a long [B] tensor of every row's position."""
     _check(top_k, sink, local)
     if mode not in ("token", "block"):
         raise ValueError(f"unknown selection mode {mode!r}")
     B, S = scores.shape
-    v = _middle_values(scores, _row0(B, S, row0), sink, local)
+    v = _middle_values(scores, _row_positions(B, S, row0, scores.device), sink, local)
     if mode == "token":
         return top_indices(v, None, top_k - sink - local).to(torch.int32)
     if block_size <= 0:
@@ -91,12 +105,11 @@ def pick_middle(scores: Tensor, top_k: int, sink: int, local: int, mode: str = "
 
 
 def mask_from_picks(picks: Tensor, n_keys: int, top_k: int, sink: int, local: int, mode: str = "token",
-                    block_size: int = 64, row0: int | None = None) -> Tensor:
+                    block_size: int = 64, row0: int | Tensor | None = None) -> Tensor:
     """bool [B, n_keys] for the rows of ``picks`` [B, n]: forced sinks / window | picks within the middle region,
     and the causal row for rows with t + 1 <= top_k."""
     B, dev = picks.shape[0], picks.device
-    r0 = _row0(B, n_keys, row0)
-    t = torch.arange(r0, r0 + B, device=dev)[:, None]
+    t = _row_positions(B, n_keys, row0, dev)[:, None]
     s = torch.arange(n_keys, device=dev)[None, :]
     causal = s <= t
     mask = causal & (s >= t - local + 1)                                    # the local window
@@ -111,19 +124,20 @@ def mask_from_picks(picks: Tensor, n_keys: int, top_k: int, sink: int, local: in
         picked &= s <= t - local                                            # the middle region [sink, t − L]
         picked[:, :sink] = False
         mask |= picked
-    n_dense = min(B, max(0, top_k - r0))                                    # rows t + 1 <= K: dense
-    mask[:n_dense] = causal[:n_dense]
+    dense = t[:, 0] + 1 <= top_k                                            # rows t + 1 <= K: dense
+    mask[dense] = causal[dense]
     return mask
 
 
-def select_tokens(scores: Tensor, top_k: int, sink: int, local: int, row0: int | None = None) -> Tensor:
-    """FORMAT §5 `token` selection from indexer scores [B, S] (rows row0 ..; default the last B positions)."""
+def select_tokens(scores: Tensor, top_k: int, sink: int, local: int, row0: int | Tensor | None = None) -> Tensor:
+    """FORMAT §5 `token` selection from indexer scores [B, S] (rows row0 .., or at the positions of a row0 tensor;
+    default the last B positions)."""
     picks = pick_middle(scores, top_k, sink, local, "token", row0=row0)
     return mask_from_picks(picks, scores.shape[1], top_k, sink, local, "token", row0=row0)
 
 
 def select_blocks(scores: Tensor, top_k: int, sink: int, local: int, block_size: int,
-                  row0: int | None = None) -> Tensor:
+                  row0: int | Tensor | None = None) -> Tensor:
     """FORMAT §5 `block` selection: absolute blocks ⌊s/B⌋ scored by the max over their middle part."""
     picks = pick_middle(scores, top_k, sink, local, "block", block_size, row0)
     return mask_from_picks(picks, scores.shape[1], top_k, sink, local, "block", block_size, row0)
