@@ -3,68 +3,68 @@
 #
 #   build     dsa backend build --cuda from a llama-cpp-python sdist (a trimmed copy is fine)
 #   retrofit  dsa convert with DSA (indexer training, split search, ASQ k-means) on the GPU:
-#             wall time, peak RSS and peak GPU memory from its --json report          (issue 3)
+#             wall time, peak RSS and peak GPU memory from its --json report
 #   runtime   scripts/bench/bench_runtime.py with every layer on the GPU: stock file vs llama-perplexity,
-#             sparse llama.cpp vs kernels_ref (torch on the GPU), dense override vs stripped file (issue 4)
-#   quant     dsa quantize --device cuda, AWQ Q4_0, at 6 and 12 blocks (calibration cost vs depth) (issue 5)
+#             sparse llama.cpp vs kernels_ref (torch on the GPU), dense override vs stripped file
+#   quant     dsa quantize --device cuda, AWQ Q4_0, at 6 and 12 blocks (calibration cost vs depth)
 #   decode    scripts/verify_dsa_patch.py with every layer on the GPU: the decode path (gather of the
-#             selected K/V rows) vs masked dense vs kernels_ref                                (issue 6)
+#             selected K/V rows) vs masked dense vs kernels_ref
 #   bench     dsa bench on a synthetic llama-3.2-1b-shape Q4_K_M file (scripts/make_synth_gguf.py),
 #             contexts $BENCH_CTX (default 4096,16384,32768), sparse and dense, flash attention off
-#             (the quick build has no FA kernels), results appended to $BENCH_JSONL as they finish (issue 6)
+#             (the quick build has no FA kernels), results appended to $BENCH_JSONL as they finish
 #   asq       scripts/bench/bench_kv.py on the reference DSA file ($DSA_FILE, default WORK/ref-dsa.gguf; tokenizer dir
 #             $TOK, default the model dir), every layer on the GPU: KV bytes as allocated and PPL for
-#             f16 / q8_0 / q4_0 / ASQ, llama.cpp's ASQ PPL vs kernels_ref (torch on the GPU)          (issue 7)
+#             f16 / q8_0 / q4_0 / ASQ, llama.cpp's ASQ PPL vs kernels_ref (torch on the GPU)
 #   asqspeed  decode speed with the ASQ cache vs a q4_0 cache at 64K on the synthetic 1B shape with random
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
-#             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)                (issue 7)
+#             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)
 #   streams   scripts/gpu/check_streams.py on the synthetic 1B shape: decode logits with and without concurrent CUDA
 #             streams (LLAMA_DSA_STREAMS: the indexer's branch forked at attn_norm; with GGML_CUDA_GRAPH_OPT=1 too) and
 #             with the indexer key store folded into the decode indexer or not (LLAMA_DSA_LID_KFOLD) must be
-#             bit-identical                                                                            (issue 6)
+#             bit-identical
 #   decodecheck  scripts/gpu/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
-#             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref  (issues 6, 7);
+#             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref;
 #             $DC_PREFILL prefill tokens (default 600; > 1024 so that the decodes' rows take the radix top-k and the
 #             indexer + top-k kernel)
-#   speed     issue 6's acceptance grid: dsa bench sparse vs dense (flash attention on) on the synthetic
+#   speed     the speed grid: dsa bench sparse vs dense (flash attention on) on the synthetic
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
 #             of LLAMA_DSA_FUSED_ATTN=0, or LLAMA_DSA_DEVICE_MASK=0: every mask written by the host; the default 3
 #             builds the prefill indexer mask and the decode masks in the graph; SPEED_ARGS: more dsa bench
 #             options for every run, e.g. "--index-keys f16")
 #   asqenc    scripts/gpu/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
-#             reference of FORMAT.md section 6, byte-exact (ties aside), with timing              (issue 7)
-#   licheck   scripts/gpu/cuda/li_check.cu: the lightning-indexer kernel's earlier form vs the (session 5-7) staged decode and
-#             tiled prefill kernels vs a CPU reference, timed for decode and prefill at 4K-128K keys  (issue 6)
+#             reference of FORMAT.md section 6, byte-exact (ties aside), with timing
+#   licheck   scripts/gpu/cuda/li_check.cu: the lightning-indexer kernel's earlier form vs the staged decode and
+#             tiled prefill kernels vs a CPU reference, timed for decode and prefill at 4K-128K keys
 #   cudachecks  scripts/gpu/cuda/run_cuda_check.sh topk, sattn and lid: the patch's radix top-k, sparse-attention
 #             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
-#             (lid) the earlier decode kernel, with timings                                          (issue 6)
-#   lidcheck / topkcheck / sattncheck  one of those checks alone (separate steps can run in parallel)   (issue 6)
+#             (lid) the earlier decode kernel, with timings
+#   lidcheck / topkcheck / sattncheck  one of those checks alone (separate steps can run in parallel)
 #   lidtkcheck  scripts/gpu/cuda/lidtk_check.cu: the fused decode indexer + top-k (dsa-lid-topk.cuh) and the carried-threshold
 #             top-k (dsa-topk-carry.cuh) equal to the two
 #             kernels it replaces and to a CPU select, timed back to back, cold L2 and in a 16-call CUDA graph; the
-#             indexer with the query RoPE folded in (LLAMA_DSA_LID_QROPE) bit-equal to it on the rotated query (issue 6)
+#             indexer with the query RoPE folded in (LLAMA_DSA_LID_QROPE) bit-equal to it on the rotated query
 #   lipcheck  scripts/gpu/cuda/lip_check.cu: three tensor-core prefill indexers (tc = a prototype with relu and weight
 #             through shared memory per head; tc2 = the patch's LLAMA_DSA_PREFILL_TC=1, the |.| identity in
 #             registers; mma = LLAMA_DSA_PREFILL_TC=2, mma.sync, the default) vs the patch's FP32 prefill kernel: error and
-#             top-2048 overlap against a CPU reference, timing hot and cold                          (issue 6)
+#             top-2048 overlap against a CPU reference, timing hot and cold
 #   profile   scripts/bench/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE); PROF_PREFILL=1:
-#             also one prefill ubatch's kernels (PROF_PREFILL_ATTN="sparse dense" for both modes)       (issue 6)
+#             also one prefill ubatch's kernels (PROF_PREFILL_ATTN="sparse dense" for both modes)
 #   trace     a kernel timeline of TRACE_GEN decode steps (default 8) without Nsight Systems: scripts/gpu/cuda/kernel_trace.c
 #             (a CUPTI injection library, built here with nvcc) records every kernel's GPU start / end and stream
 #             while scripts/bench/profile_decode.py --profile runs, sparse and dense (TRACE_ATTN), on PROF_FILE (default the
 #             synthetic 1B) at each of TRACE_CTX (default 131072); scripts/bench/trace_summary.py: span, busy and idle per
 #             token, per kernel its charged time and the idle gap before it, a layer's attention block and one layer's
-#             chain                                                                                (issue 6)
+#             chain
 #   hostprof  scripts/bench/profile_decode.py --what prefill at each of $HOSTPROF_CTX (default "16384 65536"), no
-#             profiler: host µs per prefill ubatch (wait / graph / inputs / launch), sparse and dense     (issue 6)
+#             profiler: host µs per prefill ubatch (wait / graph / inputs / launch), sparse and dense
 #   decodeverify  scripts/verify_dsa_patch.py on a stock copy of $DSA_FILE (strip_dsa.py) with every layer on
-#             the GPU: decode path vs masked path vs kernels_ref, f16 / q8_0 caches with flash attention   (issue 6)
+#             the GPU: decode path vs masked path vs kernels_ref, f16 / q8_0 caches with flash attention
 #             (DV_F32=1: the copy's weights widened to F32)
 #   indexer   scripts/bench/bench_dsa_quality.py at ctx 1024 / K 256 and 2048 / K 256 with 8 and 16
-#             indexer heads (issue 3's remaining gap to the oracle)
+#             indexer heads (the gap to the oracle)
 #
 #   bash scripts/gpu/h200_checks.sh SHARED SDIST WORK [STEP ...]      (default: build retrofit runtime quant)
 #
