@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..kernels_ref.indexer import IndexerWeights, rope_neox, scores_from_qkw
-from ..kernels_ref.selection import select_tokens, select_blocks
+from ..kernels_ref.selection import select as select_keys
 
 ProgressFn = Callable[[dict], None]
 
@@ -139,10 +139,7 @@ def train_layer(data: LayerCalib, w0: IndexerWeights, *, steps: int, top_k: int,
             keep = causal & (s_idx >= sink) & (s_idx <= r - local)
         else:
             with torch.no_grad():     # the selection of the sampled rows only (a row's picks depend on its own scores)
-                if select == "token":
-                    keep = select_tokens(sc.detach(), top_k, sink, local, row0=rows)
-                else:
-                    keep = select_blocks(sc.detach(), top_k, sink, local, block_size, row0=rows)
+                keep = select_keys(sc.detach(), top_k, sink, local, select, block_size, row0=rows)
         loss = kl_loss(tgt, sc, keep)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -24,13 +24,6 @@ def _check(top_k: int, sink: int, local: int) -> None:
         raise ValueError(f"need top_k > 0 and 0 <= sink + local <= top_k (got K={top_k} S={sink} L={local})")
 
 
-def _row0(n_rows: int, n_keys: int, row0: int | None) -> int:
-    r = n_keys - n_rows if row0 is None else row0
-    if r < 0 or r + n_rows > n_keys:
-        raise ValueError(f"query rows {r}..{r + n_rows - 1} do not fit {n_keys} keys")
-    return r
-
-
 def _row_positions(n_rows: int, n_keys: int, row0: int | Tensor | None, device) -> Tensor:
     """long [B]: the query position of each row: row0 .. row0 + B − 1, or row0 itself when it is a tensor of positions
     (any rows of the problem, e.g. the query rows a training step samples)."""
@@ -40,7 +33,9 @@ def _row_positions(n_rows: int, n_keys: int, row0: int | Tensor | None, device) 
         if n_rows and (int(row0.min()) < 0 or int(row0.max()) >= n_keys):
             raise ValueError(f"query rows {int(row0.min())}..{int(row0.max())} do not fit {n_keys} keys")
         return row0.to(device=device, dtype=torch.long)
-    r = _row0(n_rows, n_keys, row0)
+    r = n_keys - n_rows if row0 is None else row0
+    if r < 0 or r + n_rows > n_keys:
+        raise ValueError(f"query rows {r}..{r + n_rows - 1} do not fit {n_keys} keys")
     return torch.arange(r, r + n_rows, device=device)
 
 
@@ -144,7 +139,7 @@ def select_blocks(scores: Tensor, top_k: int, sink: int, local: int, block_size:
 
 
 def select(scores: Tensor, top_k: int, sink: int, local: int, mode: str = "token", block_size: int = 64,
-           row0: int | None = None) -> Tensor:
+           row0: int | Tensor | None = None) -> Tensor:
     if mode == "token":
         return select_tokens(scores, top_k, sink, local, row0)
     if mode == "block":
