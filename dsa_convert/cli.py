@@ -408,11 +408,11 @@ _SESSION_HELP = {
 def _session(file: Path, ctx, attn, kv, top_k, n_gpu_layers, flash_attn):
     """The checked session plan; -ngl defaults to every layer where the built backend is a CUDA build (read from the
     build's record, so that `dsa serve` does not load llama.cpp itself)."""
-    from .backend.runtime import current_build
+    from .backend.runtime import build_record, current_build
     from .generate.session import SessionOptions, plan_session
 
     build = current_build()
-    offload = build is not None and bool(json.loads((build / "build.json").read_text()).get("cuda"))
+    offload = build is not None and bool(build_record(build).get("cuda"))
     return plan_session(file, SessionOptions(ctx=ctx, attn=_lower(attn), kv=kv, top_k=top_k,
                                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn), offload)
 
@@ -504,6 +504,7 @@ def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CU
                   as_json: bool = typer.Option(False, "--json", help="print the build's metadata as JSON")):
     """Build llama-cpp-python from its sdist with patches/llama.cpp/*.patch (cached by patch hash)."""
     from .backend.build import BuildConfig, BuildError, build
+    from .backend.runtime import build_record
 
     try:
         cfg = BuildConfig(cuda=cuda, cuda_arch=cuda_arch, sdist=sdist, amx=amx, extra_cmake_args=list(cmake_arg),
@@ -512,7 +513,7 @@ def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CU
     except BuildError as e:
         raise DsaError(str(e)) from None
     if as_json:
-        emit_json({"build_dir": str(out), **json.loads((out / "build.json").read_text())})
+        emit_json({"build_dir": str(out), **build_record(out)})
     else:
         print(out)
 

@@ -49,6 +49,11 @@ def current_build() -> Path | None:
     return cur.resolve() if (cur / "build.json").is_file() else None
 
 
+def build_record(build: Path) -> dict:
+    """A backend build's record (build.json: version, patch hash, flags, tools, cuda)."""
+    return json.loads((build / "build.json").read_text())
+
+
 def tool_path(name: str) -> tuple[Path, dict]:
     """Path of a vendored tool (llama-perplexity, llama-quantize, …) and the env to run it."""
     cur = current_build()
@@ -81,7 +86,7 @@ def backend_info() -> dict:
     d["sparse_attention"] = bool(so and SPARSE_MARKER in so.read_bytes())
     cur = current_build()
     if cur is not None:
-        meta = json.loads((cur / "build.json").read_text())
+        meta = build_record(cur)
         d["build"] = str(cur)
         d["build_patch_hash"] = meta.get("patch_hash")
         d["patches"] = meta.get("patches")
