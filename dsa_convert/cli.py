@@ -206,6 +206,11 @@ def eval_cmd(
     if backend == "llama.cpp":
         from .backend.runtime import preload_llama_cpp
         preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
+    if backend == "torch":
+        llama_only = {"--flash-attn / --no-flash-attn": flash_attn, "--n-gpu-layers": n_gpu_layers}
+        given = [k for k, v in llama_only.items() if v is not None]
+        if given:
+            raise BadInputError(f"{given[0]} is an option of --backend llama.cpp (the torch backend uses --device)")
     needle_only = {"--lengths": lengths, "--depths": depths, "--trials": trials, "--filler": filler,
                    "--max-new": max_new, "--plot": plot, "--force": force or None}
     if needle is not None:

@@ -343,6 +343,10 @@ def test_cli_bad_input_without_a_model(tmp_path):
          "directory does not exist"),
         (["eval", str(txt), "--lengths", "4096"], "--lengths is an option of --needle"),
         (["eval", str(txt), "--needle", "passkey", "--kld"], "--kld"),
+        (["eval", str(txt), "--backend", "torch", "--flash-attn"], "--flash-attn / --no-flash-attn is an option of "
+         "--backend llama.cpp"),
+        (["eval", str(txt), "--needle", "passkey", "--backend", "torch", "--n-gpu-layers", "0"],
+         "--n-gpu-layers is an option of --backend llama.cpp"),
     ]
     for args, msg in cases:
         assert_one_line_error(run_dsa(*args), msg)
