@@ -506,6 +506,8 @@ def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CU
                   cmake_arg: list[str] = typer.Option([], "--cmake-arg", help="extra CMake argument (repeatable)"),
                   no_build_isolation: bool = typer.Option(False, "--no-build-isolation",
                                                           help="offline: use the installed scikit-build-core"),
+                  op_tests: bool = typer.Option(False, "--op-tests", help="also build llama.cpp's test-backend-ops "
+                                                "into the build's bin/ (checks every backend's ops against the CPU)"),
                   as_json: bool = typer.Option(False, "--json", help="print the build's metadata as JSON")):
     """Build llama-cpp-python from its sdist with patches/llama.cpp/*.patch (cached by patch hash)."""
     from .backend.build import BuildConfig, BuildError, build
@@ -513,7 +515,7 @@ def backend_build(cuda: bool = typer.Option(False, "--cuda", help="build with CU
 
     try:
         cfg = BuildConfig(cuda=cuda, cuda_arch=cuda_arch, sdist=sdist, amx=amx, extra_cmake_args=list(cmake_arg),
-                          build_isolation=not no_build_isolation)
+                          build_isolation=not no_build_isolation, op_tests=op_tests)
         out = build(cfg, say=lambda m: print(m, file=sys.stderr))
     except BuildError as e:
         raise DsaError(str(e)) from None

@@ -1,4 +1,4 @@
-"""The backend cache entry's shared libraries: each stored once, version links kept as links."""
+"""The backend cache entry: shared libraries stored once, version links kept as links; the op-tests build option."""
 from __future__ import annotations
 
 import os
@@ -29,3 +29,14 @@ def test_version_links_stay_links_and_each_library_is_copied_once(tmp_path):
     # every link resolves inside the folder, to the one copy (the first found in sorted order: build/bin's)
     assert (out / "libggml-cuda.so").read_bytes() == (out / "libggml-cuda.so.0.25.3").read_bytes() == b"other"
     assert sum(1 for p in out.iterdir() if not p.is_symlink()) == 2
+
+
+def test_op_tests_build_adds_test_backend_ops_and_changes_the_cache_key(tmp_path):
+    from dsa_convert.backend.build import TOOLS, BuildConfig, build_key
+
+    plain, with_tests = BuildConfig(), BuildConfig(op_tests=True)
+    assert plain.tools() == TOOLS and "-DLLAMA_BUILD_TESTS=OFF" in plain.cmake_args()
+    assert with_tests.tools() == TOOLS + ("test-backend-ops",) and "-DLLAMA_BUILD_TESTS=ON" in with_tests.cmake_args()
+    sdist = tmp_path / "x.tar.gz"
+    sdist.write_bytes(b"sdist")
+    assert build_key(plain, sdist) != build_key(with_tests, sdist)

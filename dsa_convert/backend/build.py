@@ -49,6 +49,10 @@ class BuildConfig:
     # SIGSEGV; with --no-repack: fine). Off unless asked for; AVX-512/AVX2 paths stay native.
     amx: bool = False
     build_isolation: bool = True   # False on offline machines that already have scikit-build-core
+    op_tests: bool = False         # also build llama.cpp's test-backend-ops (the ops of every backend against the CPU)
+
+    def tools(self) -> tuple[str, ...]:
+        return TOOLS + (("test-backend-ops",) if self.op_tests else ())
 
     def cmake_args(self) -> list[str]:
         args = [
@@ -59,7 +63,7 @@ class BuildConfig:
             "-DLLAMA_USE_PREBUILT_UI=OFF",
             "-DLLAMA_OPENSSL=OFF",          # plain HTTP on loopback; no libssl needed to build
             "-DLLAMA_BUILD_APP=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
+            f"-DLLAMA_BUILD_TESTS={'ON' if self.op_tests else 'OFF'}",
             "-DLLAMA_BUILD_EXAMPLES=ON",   # llama-passkey (examples/passkey): the upstream long-context client
         ]
         if self.cuda:
@@ -204,10 +208,10 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
         iso = [] if cfg.build_isolation else ["--no-build-isolation"]
         _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *iso, "-w", str(staging / "wheel"),
               "-C", f"build-dir={bdir}", str(src)], log, env=env)
-        _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *TOOLS], log, env=env)
+        _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *cfg.tools()], log, env=env)
         bin_dir = staging / "bin"
         bin_dir.mkdir()
-        for t in TOOLS:
+        for t in cfg.tools():
             hits = list(bdir.rglob(t))
             exe = next((h for h in hits if h.is_file() and os.access(h, os.X_OK)), None)
             if exe is None:
@@ -216,7 +220,7 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
         copy_shared_libs(bdir, bin_dir)
         meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
                 "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
-                "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(TOOLS)}
+                "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(cfg.tools())}
         (staging / "build.json").write_text(json.dumps(meta, indent=2))
     if out.exists():
         shutil.rmtree(out)
