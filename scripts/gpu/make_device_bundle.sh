@@ -34,8 +34,9 @@ rm -rf "$DIR"
 mkdir -p "$DIR/whl" "$DIR/shared/models/ref-llama-27m" "$DIR/shared/data/wikitext-2-raw" "$DIR/shared/data/calib"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-# the sdist, trimmed: no git history, no model vocab files, docs, tests, benches or web UI sources (the build needs
-# none: llama-server is built without its UI, but tools/ui/CMakeLists.txt must stay)
+# the sdist, trimmed: no git history, no model vocab files, docs, test data, benches or web UI sources (the build needs
+# none: llama-server is built without its UI, but tools/ui/CMakeLists.txt must stay; the test sources stay for
+# `dsa backend build --op-tests`, which builds test-backend-ops)
 sdist=${DSA_SDIST:-}
 if [ -z "$sdist" ]; then
   python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VER" -d "$tmp"
@@ -43,10 +44,10 @@ if [ -z "$sdist" ]; then
 fi
 tar xzf "$sdist" -C "$tmp"
 v=$tmp/llama_cpp_python-$VER/vendor/llama.cpp
-rm -rf "$tmp/llama_cpp_python-$VER/.git" "$v/.git" "$v/models" "$v/docs" "$v/tests" "$v/benches" "$v/media" \
+rm -rf "$tmp/llama_cpp_python-$VER/.git" "$v/.git" "$v/models" "$v/docs" "$v/tests/snapshots" "$v/benches" "$v/media" \
        "$v/tools/ui/src" "$v/tools/ui/tests" "$v/tools/ui/static" "$v/tools/ui/package-lock.json" \
        "$v"/tools/mtmd/*.mp4 "$v/AUTHORS" "$v/grammars" "$v/examples/llama.android" "$v/examples/llama.swiftui"
-mkdir -p "$v/tests" "$v/models" && touch "$v/tests/CMakeLists.txt"
+mkdir -p "$v/models"
 tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - -C "$tmp" "llama_cpp_python-$VER" | gzip -n -6 \
   > "$DIR/llama-trim.tar.gz"
 
