@@ -34,8 +34,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # scripts/: verify_dsa_patch
 import verify_dsa_patch as v  # noqa: E402
 
-# --kv: (switch that selects the older form, ggml cache type for llama.cpp, kernels_ref K/V, ASQ cache on)
-MODES = {"asq": ("LLAMA_DSA_FUSED", 0, "asq", True), "f16": ("LLAMA_DSA_FUSED", 1, "f32", False)}
+# --kv: (ggml cache type for llama.cpp, kernels_ref K/V, ASQ cache on); LLAMA_DSA_FUSED=0 selects the older form
+MODES = {"asq": (0, "asq", True), "f16": (1, "f32", False)}
 
 
 def main() -> int:
@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--seed", type=int, default=5)
     args = ap.parse_args()
-    switch, cache_type, ref_kv, asq_on = MODES[args.kv]
+    cache_type, ref_kv, asq_on = MODES[args.kv]
     v.N_GPU_LAYERS = args.n_gpu_layers
     n = args.prefill + args.decode
     n_ctx = 256 * ((n + 255) // 256)
@@ -63,9 +63,9 @@ def main() -> int:
         return v.llama_logits(args.dsa_gguf, toks, overrides, n_ctx=n_ctx, prefill=args.prefill, flash_attn=True,
                               cache_type=cache_type, **kw)
 
-    os.environ[switch] = "0"
+    os.environ["LLAMA_DSA_FUSED"] = "0"      # read when the context is created
     older = run()
-    del os.environ[switch]
+    del os.environ["LLAMA_DSA_FUSED"]
     op = run()
     masked = run(gather=False)
     ref = v.ref_logits_isolated(args.dsa_gguf, toks, kv=ref_kv)
