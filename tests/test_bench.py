@@ -388,8 +388,8 @@ def test_parse_host_timing_keeps_decode_and_prefill_lines_apart():
 
 @requires_backend
 def test_profile_prefill_reports_host_time_per_fill_ubatch(tiny):
-    """scripts/bench/profile_decode.py --what prefill: the fill runs with the patch's host timing for multi-token
-    ubatches (one record per fill ubatch, none for the measured last one), read back from the log at context free."""
+    """scripts/bench/profile_decode.py --what prefill: the context is created with the patch's host timing, one record
+    per multi-token ubatch (the fill's and the measured last one), read back from the log at context free."""
     script = REPO / "scripts" / "bench" / "profile_decode.py"
     r = subprocess.run([sys.executable, str(script), str(tiny), "--ctx", "512", "--batch", "128", "--what", "prefill",
                         "--attn", "sparse,dense"],
@@ -399,6 +399,6 @@ def test_profile_prefill_reports_host_time_per_fill_ubatch(tiny):
     assert [x["attn"] for x in rows] == ["sparse", "dense"]
     for x in rows:
         host = x["host_us_per_fill_ubatch"]
-        assert host["n"] == 3, host                      # (512 - 128) / 128 fill ubatches, the last one untimed
+        assert host["n"] == 4, host                      # (512 - 128) / 128 fill ubatches and the measured one
         assert host["graph"] > 0 and host["launch"] > 0 and host["wait"] >= 0 and host["inputs"] >= 0, host
         assert x["last_ubatch_ms"] > 0
