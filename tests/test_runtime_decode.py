@@ -293,6 +293,19 @@ def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type
     assert err_gather < 1.5 * err_masked + 1e-5
 
 
+@requires_backend
+def test_merged_indexer_projections_are_used(tiny_dsa):
+    """q_b, k and proj of the indexer lie back to back (dsa writes them so; the loader creates them so): the graph
+    multiplies them as one matrix, a tensor aliasing the three weights, for a prefill and a decode graph (the debug
+    log says so)."""
+    _, dsa = tiny_dsa
+    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True); m.eval([5, 6, 7]); "
+            "m.eval([8])")
+    line = "indexer q_b, k and proj multiplied as one matrix (blk.0.indexer.attn_q_b.weight+k+proj)"
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
+    assert r.returncode == 0 and line in r.stderr, r.stderr[-2000:]
+
+
 def _sched_node_lines(dsa: Path, n_prompt: int) -> list[str]:
     """The scheduler's node lists (GGML_SCHED_DEBUG=2, `node #` lines, every graph in order) of a flash-attention run
     of `dsa` that evaluates n_prompt tokens in one batch and then one token: the decode's graph comes last. The
