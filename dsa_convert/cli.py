@@ -372,9 +372,11 @@ def bench(
     plot: Optional[Path] = typer.Option(None, help="PNG: decode tok/s vs context, sparse and dense"),
     jsonl: Optional[Path] = typer.Option(None, help="append each run's JSON object to this file as it finishes"),
     variant: list[str] = typer.Option([], "--variant", help="LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with "
-                                                            "that patch switch set, in a process of its own "
-                                                            "(repeatable; several switches joined by '+', GGML_CUDA_* "
-                                                            "names too; docs/PATCH.md)"),
+                                                            "that patch switch set, in a process of its own: "
+                                                            "LLAMA_DSA_FUSED=0, LLAMA_DSA_HOST_MASKS=1, "
+                                                            "LLAMA_DSA_GATHER=never|always (repeatable; several "
+                                                            "switches joined by '+', GGML_CUDA_* names too; "
+                                                            "docs/PATCH.md)"),
     cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the sweep to these host CPUs, e.g. 0-7 (on a GPU "
                                                             "machine its local cores: nvidia-smi topo -m); every row "
                                                             "records the CPU and NUMA node of its timed decode"),

@@ -8,7 +8,7 @@ ROWS.jsonl: rows as `dsa bench --jsonl` (or the h200 `speed` step) writes them, 
 keeps the rows whose `file` contains SUBSTRING (a sweep file often holds several models). docs/history §4i's plots
 come from docs/data/speed-h200-2026-11-30.jsonl this way. --first keeps the first row of each (ctx, attn, variant)
 in file order (a file that holds several sweeps of one model); --label NAME=VARIANT (repeatable) names a `--variant`
-line NAME in the legend (everything after the first '=' is the variant, e.g. V1=LLAMA_DSA_A=1+LLAMA_DSA_B=1).
+line NAME in the legend (everything after the first '=' is the variant, e.g. V1=LLAMA_DSA_FUSED=0+LLAMA_DSA_HOST_MASKS=1).
 --metric prefill plots the rows' prefill tok/s instead of decode tok/s (docs/history §4s).
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ Takes a stock llama / qwen2 / qwen3 GGUF (f32 recommended), writes a DSA copy wi
      masked attention) to fp tolerance and differs clearly from dense;
   4. the decode path (ubatches of <= 8 tokens read only the selected K/V rows): prefill + single-token
      evals vs kernels_ref, vs the masked dense one-batch run and vs masked dense decode
-     (LLAMA_DSA_GATHER_MAX_TOKENS=0); ubatch 4; f16 / f16+flash-attn / q8_0+flash-attn caches vs
+     (LLAMA_DSA_GATHER=never); ubatch 4; f16 / f16+flash-attn / q8_0+flash-attn caches vs
      masked dense decode with the same cache type.
 Check (a) "stock file: patched == unpatched" needs two libraries and is done by running this
 script's stock-file logits once with each library (see docs/PATCH.md).
@@ -85,12 +85,12 @@ def llama_logits(path: str, toks: np.ndarray, overrides=None, n_ctx: int = 1024,
     """Logits of every position. prefill=P: one eval of the first P tokens, then one eval per token
     (single-token ubatches: the decode path). n_ubatch: ubatch size of the (prefill) evals.
     cache_type: ggml type of the K/V cache (0 F32, 1 F16, 8 Q8_0). gather=False sets
-    LLAMA_DSA_GATHER_MAX_TOKENS=0, i.e. the masked dense path also for decode."""
+    LLAMA_DSA_GATHER=never (read when the context is created), i.e. the masked dense path also for decode."""
     from llama_cpp import Llama
     n_ub = n_ubatch or n_ctx
-    old = os.environ.get("LLAMA_DSA_GATHER_MAX_TOKENS")
+    old = os.environ.get("LLAMA_DSA_GATHER")
     if not gather:
-        os.environ["LLAMA_DSA_GATHER_MAX_TOKENS"] = "0"
+        os.environ["LLAMA_DSA_GATHER"] = "never"
     try:
         llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ub, n_ubatch=n_ub, logits_all=True, verbose=False,
                     kv_overrides=overrides, type_k=cache_type, type_v=cache_type, flash_attn=flash_attn,
@@ -106,9 +106,9 @@ def llama_logits(path: str, toks: np.ndarray, overrides=None, n_ctx: int = 1024,
         llm.close()
     finally:
         if old is None:
-            os.environ.pop("LLAMA_DSA_GATHER_MAX_TOKENS", None)
+            os.environ.pop("LLAMA_DSA_GATHER", None)
         else:
-            os.environ["LLAMA_DSA_GATHER_MAX_TOKENS"] = old
+            os.environ["LLAMA_DSA_GATHER"] = old
     return out
 
 
@@ -170,7 +170,7 @@ def main() -> int:
     check("decode path matches the masked dense path (one batch)", d_dec_mask < args.tol, f"(max |diff| {d_dec_mask:.2e})")
     dec_m = llama_logits(dsa, toks, prefill=P, gather=False)
     d = np.abs(dec - dec_m).max()
-    check("decode path matches masked dense decode (LLAMA_DSA_GATHER_MAX_TOKENS=0)", d < args.tol, f"(max |diff| {d:.2e})")
+    check("decode path matches masked dense decode (LLAMA_DSA_GATHER=never)", d < args.tol, f"(max |diff| {d:.2e})")
     d_dm_ref = np.abs(dec_m - ref).max()
     print(f"       masked dense decode vs kernels_ref: max |diff| {d_dm_ref:.2e}")
     # decode rows with t + 1 <= top_k: every visible key selected -> exactly the stock model's decode

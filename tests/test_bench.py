@@ -120,7 +120,7 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
 
 @requires_backend
 def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LLAMA_DSA_FUSED_ATTN", "0")   # the patch's switches in effect are recorded with the row
+    monkeypatch.setenv("LLAMA_DSA_FUSED", "0")        # the patch's switches in effect are recorded with the row
     monkeypatch.setenv("GGML_CUDA_GRAPH_OPT", "1")    # and ggml's CUDA ones (no effect on the CPU)
     monkeypatch.setenv("LLAMA_NOT_A_SWITCH", "x")     # but not the rest of the environment
     jl = tmp_path / "runs.jsonl"
@@ -130,28 +130,28 @@ def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
     assert "decode tok/s" in r.stdout and "dense" in r.stdout
     rows = [json.loads(line) for line in jl.read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["kv_type"] == "q8_0" and rows[0]["kv_bytes"] > 0
-    assert rows[0]["llama_env"].get("LLAMA_DSA_FUSED_ATTN") == "0"
+    assert rows[0]["llama_env"].get("LLAMA_DSA_FUSED") == "0"
     assert rows[0]["llama_env"].get("GGML_CUDA_GRAPH_OPT") == "1" and "LLAMA_NOT_A_SWITCH" not in rows[0]["llama_env"]
 
 
 @requires_backend
 def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
-    """--variant LLAMA_DSA_FUSED_ATTN=0: per ctx one more sparse run with the switch set (the A/B in one run);
+    """--variant LLAMA_DSA_FUSED=0: per ctx one more sparse run with the switch set (the A/B in one run);
     the plain runs do not see it. Each variant run has a process of its own (switches the CUDA backend reads once
     per process take effect there), the plain runs share the sweep's. Several switches join with '+', upstream's
     GGML_CUDA_* ones included."""
-    for name in ("LLAMA_DSA_FUSED_ATTN", "GGML_CUDA_GRAPH_OPT"):
+    for name in ("LLAMA_DSA_FUSED", "GGML_CUDA_GRAPH_OPT"):
         monkeypatch.delenv(name, raising=False)
-    both = "LLAMA_DSA_FUSED_ATTN=0+GGML_CUDA_GRAPH_OPT=1"
+    both = "LLAMA_DSA_FUSED=0+GGML_CUDA_GRAPH_OPT=1"
     r = run_dsa("bench", str(tiny), "--ctx", "64,128", "--gen", "2", "--threads", "1", "--n-gpu-layers", "0",
-                "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--variant", both, "--cpus", "0", "--json")
+                "--variant", "LLAMA_DSA_FUSED=0", "--variant", both, "--cpus", "0", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(x["ctx"], x["attn"], x["variant"]) for x in rows] == [
-        (64, "sparse", None), (64, "dense", None), (64, "sparse", "LLAMA_DSA_FUSED_ATTN=0"), (64, "sparse", both),
-        (128, "sparse", None), (128, "dense", None), (128, "sparse", "LLAMA_DSA_FUSED_ATTN=0"), (128, "sparse", both)]
+        (64, "sparse", None), (64, "dense", None), (64, "sparse", "LLAMA_DSA_FUSED=0"), (64, "sparse", both),
+        (128, "sparse", None), (128, "dense", None), (128, "sparse", "LLAMA_DSA_FUSED=0"), (128, "sparse", both)]
     for x in rows:
-        assert x["llama_env"].get("LLAMA_DSA_FUSED_ATTN") == ("0" if x["variant"] else None), x["llama_env"]
+        assert x["llama_env"].get("LLAMA_DSA_FUSED") == ("0" if x["variant"] else None), x["llama_env"]
         assert x["llama_env"].get("GGML_CUDA_GRAPH_OPT") == ("1" if x["variant"] == both else None), x["llama_env"]
     assert rows[2]["decode_tok_s"] > 0 and "indexer_share_decode_est" in rows[2]
     plain = {x["pid"] for x in rows if not x["variant"]}
@@ -181,10 +181,13 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--gen", "0"], "--gen must be > 0"),
     (["--index-keys", "q8_0"], "unknown --index-keys"),
     (["--variant", "FUSED=0"], "expected LLAMA_DSA_NAME=VALUE"),
-    (["--variant", "LLAMA_DSA_FUSED_ATTN=0+PATH=/tmp"], "expected LLAMA_DSA_NAME=VALUE"),
-    (["--variant", "LLAMA_DSA_FUSED_ATTN=0+LLAMA_DSA_FUSED_ATTN=1"], "expected LLAMA_DSA_NAME=VALUE"),
-    (["--variant", "LLAMA_DSA_FUSED_ATTN=0+"], "expected LLAMA_DSA_NAME=VALUE"),
-    (["--variant", "LLAMA_DSA_FUSED_ATTN=0", "--attn", "dense"], "needs --attn sparse"),
+    (["--variant", "LLAMA_DSA_FUSED=0+PATH=/tmp"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_FUSED=0+LLAMA_DSA_FUSED=1"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_FUSED=0+"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_FUSED_ATTN=0"], "LLAMA_DSA_GATHER=never|always"),        # a switch the patch lacks
+    (["--variant", "LLAMA_DSA_GATHER=sometimes"], "expected LLAMA_DSA_NAME=VALUE"),
+    (["--variant", "LLAMA_DSA_INDEXER_ONLY=1"], "expected LLAMA_DSA_NAME=VALUE"),  # the bench's own measurement
+    (["--variant", "LLAMA_DSA_FUSED=0", "--attn", "dense"], "needs --attn sparse"),
     (["--cpus", "x"], "--cpus: 'x' is not a CPU number or range"),
     (["--cpus", "3-1"], "--cpus: '3-1' is not a CPU number or range"),
     (["--cpus", "0,100000"], "--cpus: CPU 100000 is not available"),
@@ -291,7 +294,7 @@ def test_bench_stop_during_a_variant_stops_its_process(tiny, sig, code, msg):
 
     proc = subprocess.Popen([sys.executable, "-m", "dsa_convert.cli", "bench", str(tiny), "--ctx", "64", "--attn",
                              "sparse", "--gen", "2500", "--threads", "1", "--n-gpu-layers", "0", "--force",
-                             "--variant", "LLAMA_DSA_FUSED_ATTN=0", "--json"],
+                             "--variant", "LLAMA_DSA_FUSED=0", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             start_new_session=True)
     try:
@@ -334,11 +337,14 @@ def test_variant_process_module_imports_no_numpy():
 
 def test_parse_variant_joins_switches_with_plus():
     from dsa_convert.eval.bench import parse_variant
-    assert parse_variant("LLAMA_DSA_SATTN_SF=1") == {"LLAMA_DSA_SATTN_SF": "1"}
-    assert parse_variant("LLAMA_DSA_SATTN_SF=1+GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_STREAMS=1") == {
-        "LLAMA_DSA_SATTN_SF": "1", "GGML_CUDA_GRAPH_OPT": "1", "LLAMA_DSA_STREAMS": "1"}
-    for bad in ("SATTN_SF=1", "LLAMA_DSA_SATTN_SF", "LLAMA_DSA_X=1+", "+LLAMA_DSA_X=1", "LLAMA_DSA_X=1+LLAMA_DSA_X=0",
-                "LLAMA_DSA_X=1+CUDA_VISIBLE_DEVICES=1", "llama_dsa_x=1"):
+    assert parse_variant("LLAMA_DSA_FUSED=0") == {"LLAMA_DSA_FUSED": "0"}
+    assert parse_variant("LLAMA_DSA_FUSED=0+GGML_CUDA_GRAPH_OPT=1+LLAMA_DSA_GATHER=always") == {
+        "LLAMA_DSA_FUSED": "0", "GGML_CUDA_GRAPH_OPT": "1", "LLAMA_DSA_GATHER": "always"}
+    assert parse_variant("LLAMA_DSA_HOST_MASKS=1+GGML_CUDA_X=") == {"LLAMA_DSA_HOST_MASKS": "1", "GGML_CUDA_X": ""}
+    for bad in ("FUSED=0", "LLAMA_DSA_FUSED", "LLAMA_DSA_FUSED=0+", "+LLAMA_DSA_FUSED=0",
+                "LLAMA_DSA_FUSED=1+LLAMA_DSA_FUSED=0", "LLAMA_DSA_FUSED=0+CUDA_VISIBLE_DEVICES=1", "llama_dsa_fused=0",
+                "LLAMA_DSA_SATTN_SF=1", "LLAMA_DSA_FUSED=2", "LLAMA_DSA_GATHER=0", "LLAMA_DSA_HOST_TIMING=1",
+                "LLAMA_DSA_INDEXER_ONLY=1"):
         assert parse_variant(bad) is None, bad
 
 
@@ -352,16 +358,16 @@ def test_render_prints_sparse_over_dense_per_ctx():
                 "kv_bytes_per_token": 64.0, "device": "cuda", "variant": variant,
                 "indexer_decode_ms_per_tok": None, "host_us_per_decode_token": None}
     rows = [row(65536, "sparse", 10000.0, 540.0), row(65536, "dense", 25000.0, 400.0),
-            row(65536, "sparse", 11000.0, 600.0, "LLAMA_DSA_SATTN_SF=1"), row(131072, "sparse", 6000.0, 480.0),
+            row(65536, "sparse", 11000.0, 600.0, "LLAMA_DSA_FUSED=0"), row(131072, "sparse", 6000.0, 480.0),
             {"ctx": 16384, "attn": "dense", "error": "out of memory"}, row(16384, "sparse", 20000.0, 550.0)]
     got = ratios(rows)
-    assert [(x["ctx"], x["variant"]) for x in got] == [(65536, None), (65536, "LLAMA_DSA_SATTN_SF=1")]
+    assert [(x["ctx"], x["variant"]) for x in got] == [(65536, None), (65536, "LLAMA_DSA_FUSED=0")]
     assert got[0]["decode"] == pytest.approx(1.35) and got[0]["prefill"] == pytest.approx(0.4)
     assert got[1]["decode"] == pytest.approx(1.5) and got[1]["prefill"] == pytest.approx(0.44)
     text = render(rows)
     assert "sparse ÷ dense" in text
     assert "   65536  decode 1.35×  prefill 0.40×" in text
-    assert "   65536  decode 1.50×  prefill 0.44×  [LLAMA_DSA_SATTN_SF=1]" in text
+    assert "   65536  decode 1.50×  prefill 0.44×  [LLAMA_DSA_FUSED=0]" in text
     assert "131072  decode" not in text and "16384  decode" not in text
     assert "sparse ÷ dense" not in render([row(65536, "sparse", 10000.0, 540.0)])
     add_ratios(rows)   # the sweep's returned / --json rows carry them too
@@ -382,8 +388,8 @@ def test_parse_host_timing_keeps_decode_and_prefill_lines_apart():
 
 @requires_backend
 def test_profile_prefill_reports_host_time_per_fill_ubatch(tiny):
-    """scripts/bench/profile_decode.py --what prefill: the fill runs with the patch's host timing for multi-token
-    ubatches (one record per fill ubatch, none for the measured last one), read back from the log at context free."""
+    """scripts/bench/profile_decode.py --what prefill: the context is created with the patch's host timing, one record
+    per multi-token ubatch (the fill's and the measured last one), read back from the log at context free."""
     script = REPO / "scripts" / "bench" / "profile_decode.py"
     r = subprocess.run([sys.executable, str(script), str(tiny), "--ctx", "512", "--batch", "128", "--what", "prefill",
                         "--attn", "sparse,dense"],
@@ -393,6 +399,6 @@ def test_profile_prefill_reports_host_time_per_fill_ubatch(tiny):
     assert [x["attn"] for x in rows] == ["sparse", "dense"]
     for x in rows:
         host = x["host_us_per_fill_ubatch"]
-        assert host["n"] == 3, host                      # (512 - 128) / 128 fill ubatches, the last one untimed
+        assert host["n"] == 4, host                      # (512 - 128) / 128 fill ubatches and the measured one
         assert host["graph"] > 0 and host["launch"] > 0 and host["wait"] >= 0 and host["inputs"] >= 0, host
         assert x["last_ubatch_ms"] > 0

@@ -247,42 +247,6 @@ def test_shared_file_matches_kernels_ref_prefill_and_decode(shared_dsa):
     assert np.array_equal(decode[:TOPK], holes_l[:TOPK])   # t < top_k: every key selected in both
 
 
-PREFETCH_CODE = """
-import sys
-from llama_cpp import Llama
-import numpy as np
-path, out, n, prefill = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-llm = Llama(model_path=path, n_ctx=128, n_batch=128, n_ubatch=128, logits_all=True, verbose=True, type_k=1, type_v=1,
-            flash_attn=True, n_gpu_layers=0)
-toks = [int(t) for t in np.random.default_rng(5).integers(3, 320, n)]
-llm.eval(toks[:prefill])
-for t in toks[prefill:]:
-    llm.eval([t])
-np.save(out, np.array(llm.scores[:n], dtype=np.float32))
-llm.close()
-"""
-
-
-@requires_backend
-def test_shared_layers_prefetch_form_changes_nothing(shared_dsa, tmp_path):
-    """Opt-in LLAMA_DSA_SATTN_PREFETCH=1 adds the prefetch form of the sparse attention op to each shared layer's decode
-    graph (an L2 prefetch of its picks on CUDA, nothing on the CPU): the op must be built on a real cache view (a log
-    line says so, once per process) and leave every logit bit-identical."""
-    import os
-
-    _, _, shared, _ = shared_dsa
-    runs = {}
-    for pf in ("0", "1"):
-        out = tmp_path / f"pf{pf}.npy"
-        env = dict(os.environ, LLAMA_DSA_SATTN_PREFETCH=pf)
-        r = subprocess.run([sys.executable, "-c", PREFETCH_CODE, str(shared), str(out), str(N), str(PREFILL)],
-                           env=env, capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert ("prefetch the K/V cells of their picks" in r.stderr) == (pf == "1")
-        runs[pf] = np.load(out)
-    assert np.array_equal(runs["0"].view(np.uint32), runs["1"].view(np.uint32))
-
-
 @requires_backend
 def test_shared_file_load_log_and_bad_types(shared_dsa, tmp_path):
     import gguf

@@ -69,12 +69,12 @@ def test_asq_cache_matches_kernels_ref_prefill_and_decode(tiny_asq):
 
 @requires_backend
 def test_asq_decode_with_flash_attention(tiny_asq, monkeypatch):
-    """With flash attention and LLAMA_DSA_FUSED_ASQ=0 the decode path runs the decoded selected rows through
+    """With flash attention and LLAMA_DSA_FUSED=0 the decode path runs the decoded selected rows through
     ggml_flash_attn_ext; the masked FA decode (gather off) decodes the whole cache. Both follow kernels_ref's ASQ
     math. (The default, the in-place op, is checked against this form below.)"""
     plain, dsa, arch, _, _ = tiny_asq
     v = verify_module()
-    monkeypatch.setenv("LLAMA_DSA_FUSED_ASQ", "0")
+    monkeypatch.setenv("LLAMA_DSA_FUSED", "0")
     toks = np.random.default_rng(5).integers(3, 320, N)
     ref = v.ref_logits(str(dsa), toks, sparse=True, kv="asq")
     decode = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, flash_attn=True)
@@ -91,15 +91,15 @@ def test_asq_decode_with_flash_attention(tiny_asq, monkeypatch):
 def _check_fused_asq(model, monkeypatch):
     """The decode path (flash attention on) attends over the picks with one op that decodes the ASQ rows in place
     (pre-RoPE keys RoPE'd at their cells' positions inside the op) instead of decoding them into F32 copies, a RoPE
-    pass and flash attention (LLAMA_DSA_FUSED_ASQ=0). It must agree with that form and follow kernels_ref's ASQ
+    pass and flash attention (LLAMA_DSA_FUSED=0). It must agree with that form and follow kernels_ref's ASQ
     math."""
     plain, dsa, arch, _, _ = model
     v = verify_module()
     toks = np.random.default_rng(5).integers(3, 320, N)
     ref = v.ref_logits(str(dsa), toks, sparse=True, kv="asq")
-    monkeypatch.setenv("LLAMA_DSA_FUSED_ASQ", "0")
+    monkeypatch.setenv("LLAMA_DSA_FUSED", "0")
     unfused = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, flash_attn=True)
-    monkeypatch.delenv("LLAMA_DSA_FUSED_ASQ")
+    monkeypatch.delenv("LLAMA_DSA_FUSED")
     fused = v.llama_logits(str(dsa), toks, n_ctx=128, prefill=PREFILL, flash_attn=True)
     fused_ub4 = v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=4, flash_attn=True)
     scale = ref.max() - ref.min()

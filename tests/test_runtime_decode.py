@@ -89,7 +89,7 @@ def test_decode_gather_flash_attention_f16_cache(tiny_dsa):
 def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type, ubatch4):
     """With flash attention the decode path attends over the picks with one op reading the cache in place
     (ggml_dsa_sparse_attn, FP32 math). It must match kernels_ref at least as well as the gather + flash-attention
-    form it replaces (LLAMA_DSA_FUSED_ATTN=0), and the two must be different graphs. ubatch4: every eval is a
+    form it replaces (LLAMA_DSA_FUSED=0), and the two must be different graphs. ubatch4: every eval is a
     4-token ubatch (several queries per op call, picks of not-yet-visible cells masked)."""
     _, dsa = tiny_dsa
     v = verify_module()
@@ -97,7 +97,7 @@ def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type, ubatch
     ref = v.ref_logits(str(dsa), toks, sparse=True)
     kw = dict(n_ubatch=4) if ubatch4 else dict(prefill=PREFILL)
     fused = v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache_type, flash_attn=True, **kw)
-    monkeypatch.setenv("LLAMA_DSA_FUSED_ATTN", "0")
+    monkeypatch.setenv("LLAMA_DSA_FUSED", "0")
     unfused = v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache_type, flash_attn=True, **kw)
     scale = ref.max() - ref.min()
     assert not np.array_equal(fused, unfused)   # two different graphs ran
@@ -113,22 +113,31 @@ def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type, ubatch
 @requires_backend
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
 def test_decode_masks_from_positions_are_bit_exact(tiny_dsa, monkeypatch, flash_attn):
-    """LLAMA_DSA_DEVICE_MASK bit 1 (on by default): decode-size ubatches compute both masks (attention and indexer) in
-    the graph from the cell and token positions, and the host writes no mask. The logits must be bit-identical to the
-    host-written masks (LLAMA_DSA_DEVICE_MASK=0), token by token after a prefill and in 4-token ubatches (several
-    queries per stream, some picks not yet visible)."""
+    """Decode-size ubatches compute both masks (attention and indexer) in the graph from the cell and token positions,
+    and the host writes no mask. The logits must be bit-identical to the host-written masks (LLAMA_DSA_HOST_MASKS=1),
+    token by token after a prefill and in 4-token ubatches (several queries per stream, some picks not yet visible),
+    and only the default decode graph has the mask computed from the positions."""
     _, dsa = tiny_dsa
     v = verify_module()
     toks = np.random.default_rng(6).integers(3, 320, N)
     cache = 1 if flash_attn else 0
     runs = [dict(prefill=PREFILL), dict(n_ubatch=4)]
     device = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn, **kw) for kw in runs]
-    monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "0")
+    monkeypatch.setenv("LLAMA_DSA_HOST_MASKS", "1")
     host = [v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn, **kw) for kw in runs]
     for h, d in zip(host, device):
         np.testing.assert_array_equal(h, d)
     ref = v.ref_logits(str(dsa), toks, sparse=True)
     assert np.abs(device[0] - ref).max() / (ref.max() - ref.min()) < 1e-3   # the sparse model, decoded
+    assert not _decode_mask_from_positions(dsa)                               # two different graphs ran
+    monkeypatch.delenv("LLAMA_DSA_HOST_MASKS")
+    assert _decode_mask_from_positions(dsa)
+
+
+def _decode_mask_from_positions(dsa: Path) -> bool:
+    """The decode graph of a flash-attention run (prompt, then one token) computes its attention mask from the
+    positions (a node only a decode-size graph can have)."""
+    return any(ln.split(":")[1].split("(")[0].strip() == "attn_kq_mask_dsa_pos" for ln in _sched_node_lines(dsa, TOPK + 16))
 
 
 def _decode_with_hole(path, ids, extra, hole, verbose=False):
@@ -153,12 +162,12 @@ def _decode_with_hole(path, ids, extra, hole, verbose=False):
 
 @requires_backend
 def test_resident_cell_positions_are_bit_exact_and_written_only_after_other_changes(tiny_dsa, monkeypatch, capfd):
-    """LLAMA_DSA_POS_RESIDENT (on by default): the decode masks read the indexer cache's resident copy of the cell
-    positions, to which each decode graph writes its own tokens' positions; the host writes all positions only when
-    the cells changed otherwise (here: the prefill, and cells dropped from the middle, whose old positions would still
-    be visible in a stale copy). Logits bit-identical to the positions as a per-token input (=0) before and after the
+    """The decode masks read the indexer cache's resident copy of the cell positions, to which each decode graph writes
+    its own tokens' positions; the host writes all positions only when the cells changed otherwise (here: the prefill,
+    and cells dropped from the middle, whose old positions would still be visible in a stale copy). Logits
+    bit-identical to the host-written masks (LLAMA_DSA_HOST_MASKS=1, which read no positions) before and after the
     drop, the drop changes them (so a stale copy would show), and exactly two full writes (a write per token would
-    mean the copy is never current)."""
+    mean the copy is never current; none with host masks)."""
     _, dsa = tiny_dsa
     rng = np.random.default_rng(8)
     ids = [int(t) for t in rng.integers(3, 320, 56)]
@@ -168,18 +177,21 @@ def test_resident_cell_positions_are_bit_exact_and_written_only_after_other_chan
     assert "resident cell positions (4 bytes per cell)" in log
     assert log.count("resident cell positions: all") == 2
     no_hole = _decode_with_hole(dsa, ids, extra, None)
-    monkeypatch.setenv("LLAMA_DSA_POS_RESIDENT", "0")
-    per_token = _decode_with_hole(dsa, ids, extra, (30, 40))
-    for r, p in zip(resident, per_token):
-        np.testing.assert_array_equal(r, p)
+    capfd.readouterr()
+    monkeypatch.setenv("LLAMA_DSA_HOST_MASKS", "1")
+    host = _decode_with_hole(dsa, ids, extra, (30, 40), verbose=True)
+    log = capfd.readouterr().err
+    assert "LLAMA_DSA_HOST_MASKS=1" in log and "resident cell positions: all" not in log
+    for r, h in zip(resident, host):
+        np.testing.assert_array_equal(r, h)
     np.testing.assert_array_equal(resident[0], no_hole[0])
     assert np.abs(resident[1] - no_hole[1]).max() / (no_hole[1].max() - no_hole[1].min()) > 1e-3
 
 
 @requires_backend
 def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa, monkeypatch):
-    """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share): with the same prefill + single-token decode
-    as sparse, the logits are the dense ones (the selection is computed and not used)."""
+    """LLAMA_DSA_INDEXER_ONLY=1 (dsa bench's indexer time share; read when the context is created): with the same
+    prefill + single-token decode as sparse, the logits are the dense ones (the selection is computed and not used)."""
     plain, dsa = tiny_dsa
     v = verify_module()
     toks = np.random.default_rng(4).integers(3, 320, N)
@@ -195,10 +207,10 @@ def test_indexer_only_switch_computes_the_selection_but_attends_densely(tiny_dsa
 @requires_backend
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
 def test_device_built_indexer_mask_is_bit_exact(tiny_dsa, monkeypatch, flash_attn):
-    """LLAMA_DSA_DEVICE_MASK bit 0 (on by default): prefill ubatches compute the indexer mask in the graph (from the
-    attention mask and the cell / token positions) instead of the host writing it; the logits must be bit-identical
-    to the host-written mask (=0), for one prefill batch and for a prefill in ubatches of 16 (later ubatches see the
-    cells of earlier ones), with the switch alone (=1) and with the default (3: decode masks from positions too)."""
+    """Prefill ubatches compute the indexer mask in the graph (ggml_dsa_indexer_mask, from the attention mask and the
+    cell / token positions) instead of the host writing it; the logits must be bit-identical to the host-written mask
+    (LLAMA_DSA_HOST_MASKS=1), for one prefill batch and for a prefill in ubatches of 16 (later ubatches see the cells
+    of earlier ones), and the scheduler's node list must show the op only in the default form."""
     plain, dsa = tiny_dsa
     v = verify_module()
     toks = np.random.default_rng(4).integers(3, 320, N)
@@ -209,62 +221,67 @@ def test_device_built_indexer_mask_is_bit_exact(tiny_dsa, monkeypatch, flash_att
                 v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)]
 
     default = both()
-    monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "0")
+    monkeypatch.setenv("LLAMA_DSA_HOST_MASKS", "1")
     host = both()
-    monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "1")
-    device = both()
-    for h, d, dd in zip(host, device, default):
+    for h, d in zip(host, default):
         np.testing.assert_array_equal(h, d)
-        np.testing.assert_array_equal(h, dd)
     assert np.abs(host[0][TOPK:] - v.llama_logits(str(plain), toks, n_ctx=128, cache_type=cache,
                                                   flash_attn=flash_attn)[TOPK:]).max() > 1e-3   # sparse ran
+
+    def mask_ops() -> int:
+        # the scheduler prints an op's name in 10 characters
+        return sum(1 for ln in _sched_node_lines(dsa, TOPK + 40) if "(DSA_INDEXE" in ln)
+
+    assert mask_ops() == 0
+    monkeypatch.delenv("LLAMA_DSA_HOST_MASKS")
+    assert mask_ops() >= 2    # the prefill ubatch's mask and the decode's
 
 
 @requires_backend
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
-def test_selection_mask_without_the_add_is_bit_exact_and_used(tiny_dsa, monkeypatch, flash_attn):
-    """LLAMA_DSA_SKIP_MASK_ADD (on by default): a prefill ubatch whose every token sees >= top_k cells takes the
-    selection mask (-INF, 0 at the picks) without adding the attention mask (0 at every visible cell). Prefill in
-    ubatches of 16 (TOPK 24: the ubatches from position 32 on qualify, the one at 16 does not): the logits must be
-    bit-identical to always adding (=0), and the debug log must show that the shortcut was taken (not with =0)."""
+def test_selection_mask_without_the_add_is_used_and_exact(tiny_dsa, flash_attn):
+    """A prefill ubatch whose every token sees >= top_k cells takes the selection mask (-INF, 0 at the picks) without
+    adding the attention mask (0 at every visible cell). Prefill in ubatches of 16 (TOPK 24: the ubatches from position
+    32 on qualify, the one at 16 does not): the debug log must show that the shortcut was taken, and the logits must
+    match the one-batch prefill (whose tokens under position 24 do not all qualify: the add is made there) and
+    kernels_ref."""
     plain, dsa = tiny_dsa
     v = verify_module()
     toks = np.random.default_rng(9).integers(3, 320, N)
     cache = 1 if flash_attn else 0
     skip = v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)
-    monkeypatch.setenv("LLAMA_DSA_SKIP_MASK_ADD", "0")
-    add = v.llama_logits(str(dsa), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)
-    np.testing.assert_array_equal(skip, add)
+    add = v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache, flash_attn=flash_attn)
+    ref = v.ref_logits(str(dsa), toks, sparse=True)
+    scale = ref.max() - ref.min()
+    print("ubatch 16 vs one batch", np.abs(skip - add).max() / scale, "vs ref", np.abs(skip - ref).max() / scale)
+    assert np.abs(skip - add).max() / scale < 1e-3
+    assert np.abs(skip - ref).max() / scale < 1e-3
     dense = v.llama_logits(str(plain), toks, n_ctx=128, n_ubatch=16, cache_type=cache, flash_attn=flash_attn)
     assert np.abs(skip[32:] - dense[32:]).max() > 1e-3                          # the qualifying rows ran sparse
     code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, n_batch=16, n_ubatch=16, "
             f"verbose=True, flash_attn={flash_attn}); m.eval(list(range(3, 3 + {N})))")
     line = f"selection mask without the attention mask added (every token sees >= {TOPK} cells)"
-    monkeypatch.delenv("LLAMA_DSA_SKIP_MASK_ADD")
     r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
     assert r.returncode == 0 and line in r.stderr, r.stderr[-2000:]
-    monkeypatch.setenv("LLAMA_DSA_SKIP_MASK_ADD", "0")
-    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
-    assert r.returncode == 0 and line not in r.stderr
 
 
 @requires_backend
 @pytest.mark.parametrize("cache_type", [1, 0], ids=["f16", "f32"])
 def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type):
-    """LLAMA_DSA_PREFILL_GATHER_MIN_KV (default 16384 cells): a prefill-size ubatch over a cache of at least that
-    many cells attends over its picks with the sparse attention op instead of masked flash attention over every
-    cell. Forced here on every prefill ubatch (=1; ubatches of 16 tokens: the first two have tokens that see fewer
-    than top-k cells and pass the causal mask to the op, later ones need none): it must match kernels_ref at least
-    as well as the masked path (=0), be a different graph, and the default must be the masked path at this size."""
+    """A prefill-size ubatch over a cache of at least 16384 cells attends over its picks with the sparse attention op
+    instead of masked flash attention over every cell. Forced here on every prefill ubatch (LLAMA_DSA_GATHER=always;
+    ubatches of 16 tokens: the first two have tokens that see fewer than top-k cells and pass the causal mask to the
+    op, later ones need none): it must match kernels_ref at least as well as the masked path (=never), be a different
+    graph, and the default (auto) must be the masked path at this size."""
     _, dsa = tiny_dsa
     v = verify_module()
     toks = np.random.default_rng(11).integers(3, 320, N)
     ref = v.ref_logits(str(dsa), toks, sparse=True)
     kw = dict(n_ctx=128, n_ubatch=16, cache_type=cache_type, flash_attn=True)
     default = v.llama_logits(str(dsa), toks, **kw)
-    monkeypatch.setenv("LLAMA_DSA_PREFILL_GATHER_MIN_KV", "1")
+    monkeypatch.setenv("LLAMA_DSA_GATHER", "always")
     gathered = v.llama_logits(str(dsa), toks, **kw)
-    monkeypatch.setenv("LLAMA_DSA_PREFILL_GATHER_MIN_KV", "0")
+    monkeypatch.setenv("LLAMA_DSA_GATHER", "never")
     masked = v.llama_logits(str(dsa), toks, **kw)
     np.testing.assert_array_equal(default, masked)   # 128 cells: below the default threshold
     assert not np.array_equal(gathered, masked)   # two different graphs ran
@@ -277,29 +294,16 @@ def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type
 
 
 @requires_backend
-def test_merged_indexer_projections_are_bit_exact_and_used(tiny_dsa, monkeypatch):
+def test_merged_indexer_projections_are_used(tiny_dsa):
     """q_b, k and proj of the indexer lie back to back (dsa writes them so; the loader creates them so): the graph
-    multiplies them as one matrix, a tensor aliasing the three weights. The logits must be bit-identical to three
-    separate products (LLAMA_DSA_MERGE_PROJ=0), for a one-batch prefill and for token-by-token decode; the debug log
-    shows that the merged product was built (and not with the switch off)."""
+    multiplies them as one matrix, a tensor aliasing the three weights, for a prefill and a decode graph (the debug
+    log says so)."""
     _, dsa = tiny_dsa
-    v = verify_module()
-    toks = np.random.default_rng(8).integers(3, 320, N)
-    runs = [dict(), dict(prefill=PREFILL)]
-    merged = [v.llama_logits(str(dsa), toks, n_ctx=128, **kw) for kw in runs]
-    monkeypatch.setenv("LLAMA_DSA_MERGE_PROJ", "0")
-    three = [v.llama_logits(str(dsa), toks, n_ctx=128, **kw) for kw in runs]
-    for a, b in zip(merged, three):
-        np.testing.assert_array_equal(a, b)
     code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True); m.eval([5, 6, 7]); "
             "m.eval([8])")
     line = "indexer q_b, k and proj multiplied as one matrix (blk.0.indexer.attn_q_b.weight+k+proj)"
-    monkeypatch.delenv("LLAMA_DSA_MERGE_PROJ")
     r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
-    assert r.returncode == 0 and line in r.stderr
-    monkeypatch.setenv("LLAMA_DSA_MERGE_PROJ", "0")
-    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
-    assert r.returncode == 0 and line not in r.stderr
+    assert r.returncode == 0 and line in r.stderr, r.stderr[-2000:]
 
 
 def _sched_node_lines(dsa: Path, n_prompt: int) -> list[str]:
@@ -315,83 +319,13 @@ def _sched_node_lines(dsa: Path, n_prompt: int) -> list[str]:
 
 
 @requires_backend
-def test_key_fold_graph_order_is_bit_exact_and_puts_the_indexer_after_its_key_store(tiny_dsa, monkeypatch):
-    """LLAMA_DSA_LID_KFOLD=1 (opt-in): the graph takes each layer's indexer and top-k right after the indexer key
-    store, so that the key chain, the query's RoPE and the indexer are neighbours (what the CUDA backend's key-store
-    fold matches; docs/PATCH.md). Same nodes, another order: token-by-token decode logits must be bit-identical to
-    the default order, and the scheduler's node list of a decode graph must show, for layer 1, nothing but the
-    query's RoPE between the key store and the indexer (the default order has the layer's Q/K/V there)."""
+def test_decode_masks_enter_the_graph_before_the_first_layer(tiny_dsa):
+    """A decode graph's masks computed from the positions (ggml_dsa_visibility_mask, the attention mask, and the
+    indexer mask) are placed after the token embeddings, before layer 0's attn_norm, not inside layer 0 where they are
+    first read (there they kept CUDA's stream fork off that layer): the scheduler's node list of the decode graph (the
+    last one) shows both masks before attn_norm-0."""
     _, dsa = tiny_dsa
-    v = verify_module()
-    toks = np.random.default_rng(12).integers(3, 320, N)
-    kw = dict(n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True)
-    default = v.llama_logits(str(dsa), toks, **kw)
-    monkeypatch.setenv("LLAMA_DSA_LID_KFOLD", "1")
-    folded_order = v.llama_logits(str(dsa), toks, **kw)
-    np.testing.assert_array_equal(default, folded_order)
-
-    def between_key_store_and_indexer(env_kfold: str) -> list[str]:
-        monkeypatch.setenv("LLAMA_DSA_LID_KFOLD", env_kfold)
-        nodes = _sched_node_lines(dsa, TOPK + 16)
-        end = max(i for i, ln in enumerate(nodes)                                       # the last graph: the decode
-                  if "LIGHTNING" in ln.split(":")[0] and ln.split(":")[1].split("(")[0].strip() == "indexer_score-1")
-        start = max(i for i in range(end) if "SET_ROWS" in nodes[i] and "indexer_k_rope-1" in nodes[i])
-        return [ln.split(")")[0].split("(")[-1].strip() + ":" + ln.split(":")[1].split("(")[0].strip()
-                for ln in nodes[start + 1:end]]
-
-    assert between_key_store_and_indexer("1") == ["ROPE:indexer_q_rope-1"]
-    assert any(x.startswith("MUL_MAT:Qcur-1") for x in between_key_store_and_indexer("0"))
-
-
-@requires_backend
-def test_indexer_mask_op_is_bit_exact_against_the_chain_of_ops(tiny_dsa, monkeypatch):
-    """LLAMA_DSA_MASK_OP (default 1): the indexer mask that the graph computes from the attention mask and the
-    positions is one op (ggml_dsa_indexer_mask) instead of about ten element-wise ops; the op repeats each of those
-    ops' roundings, so logits must be bit-identical with LLAMA_DSA_MASK_OP=0, for a prefill-size ubatch that sees more
-    than top-k cells (the masked prefill path) and for single-token decodes (the positions-only mask), and the
-    scheduler's node list must show the op only when it is on."""
-    _, dsa = tiny_dsa
-    v = verify_module()
-    toks = np.random.default_rng(13).integers(3, 320, N)
-    for prefill in (PREFILL, 60):
-        kw = dict(n_ctx=128, prefill=prefill, cache_type=1, flash_attn=True)
-        monkeypatch.setenv("LLAMA_DSA_MASK_OP", "1")
-        one_op = v.llama_logits(str(dsa), toks, **kw)
-        monkeypatch.setenv("LLAMA_DSA_MASK_OP", "0")
-        chain = v.llama_logits(str(dsa), toks, **kw)
-        np.testing.assert_array_equal(one_op, chain)
-
-    def mask_ops(env: str) -> int:
-        monkeypatch.setenv("LLAMA_DSA_MASK_OP", env)
-        # the scheduler prints an op's name in 10 characters
-        return sum(1 for ln in _sched_node_lines(dsa, TOPK + 40) if "(DSA_INDEXE" in ln)
-
-    assert mask_ops("1") >= 2    # the prefill ubatch's mask and the decode's
-    assert mask_ops("0") == 0
-
-
-@requires_backend
-def test_decode_masks_enter_the_graph_before_the_first_layer(tiny_dsa, monkeypatch):
-    """LLAMA_DSA_MASK_EARLY (default 1): a decode graph's masks computed from the positions (ggml_dsa_visibility_mask,
-    the attention mask, and the indexer mask) are placed after the token embeddings, before layer 0's attn_norm, not
-    inside layer 0 where they are first read (there they kept CUDA's stream fork off that layer). Same nodes, another
-    order: decode logits bit-identical with =0, and the scheduler's node list of the decode graph (the last one) shows
-    both masks before attn_norm-0 only when it is on."""
-    _, dsa = tiny_dsa
-    v = verify_module()
-    toks = np.random.default_rng(14).integers(3, 320, N)
-    kw = dict(n_ctx=128, prefill=PREFILL, cache_type=1, flash_attn=True)
-    early = v.llama_logits(str(dsa), toks, **kw)
-    monkeypatch.setenv("LLAMA_DSA_MASK_EARLY", "0")
-    lazy = v.llama_logits(str(dsa), toks, **kw)
-    np.testing.assert_array_equal(early, lazy)
-
-    def masks_before_layer0(env: str) -> bool:
-        monkeypatch.setenv("LLAMA_DSA_MASK_EARLY", env)
-        names = [ln.split(":")[1].split("(")[0].strip() for ln in _sched_node_lines(dsa, TOPK + 16)]
-        last = {n: i for i, n in enumerate(names)}
-        norm = last["attn_norm-0"]
-        return last["attn_kq_mask_dsa_pos"] < norm and last["attn_inp_kq_mask_dsa"] < norm
-
-    assert masks_before_layer0("1")
-    assert not masks_before_layer0("0")
+    names = [ln.split(":")[1].split("(")[0].strip() for ln in _sched_node_lines(dsa, TOPK + 16)]
+    last = {n: i for i, n in enumerate(names)}
+    norm = last["attn_norm-0"]
+    assert last["attn_kq_mask_dsa_pos"] < norm and last["attn_inp_kq_mask_dsa"] < norm

@@ -62,11 +62,12 @@ def _run(path, seqs: list[np.ndarray], flash_attn: bool, unified: bool = True) -
 @pytest.mark.parametrize("device_mask", [False, True], ids=["host-mask", "device-mask"])
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
 def test_two_sequences_in_one_cache_match_each_alone(tiny_dsa, flash_attn, device_mask, unified, monkeypatch):  # noqa: F811
-    """device-mask: LLAMA_DSA_DEVICE_MASK=3 (the default), the prefill's indexer mask computed in the graph from the
-    attention mask (which keeps the sequences apart) and the positions, and the decode's masks from the positions
-    where a sequence is alone in its stream (host-mask: =0). streams: the two sequences in separate cache streams of one
-    context (kv_unified off), so the ubatches carry 2 streams."""
-    monkeypatch.setenv("LLAMA_DSA_DEVICE_MASK", "3" if device_mask else "0")
+    """device-mask: the default, the prefill's indexer mask computed in the graph from the attention mask (which keeps
+    the sequences apart) and the positions, and the decode's masks from the positions where a sequence is alone in its
+    stream (host-mask: LLAMA_DSA_HOST_MASKS=1). streams: the two sequences in separate cache streams of one context
+    (kv_unified off), so the ubatches carry 2 streams."""
+    if not device_mask:
+        monkeypatch.setenv("LLAMA_DSA_HOST_MASKS", "1")
     _, dsa = tiny_dsa
     rng = np.random.default_rng(11)
     a, b = rng.integers(3, 320, N), rng.integers(3, 320, N)

@@ -12,22 +12,25 @@ counters (llama_perf_context: prompt-eval and eval ms) are reported beside the w
 kv_bytes is llama.cpp's own figure: the sum of the `llama_kv_cache: size = … MiB` lines it logs when it
 allocates the caches (main K/V + the DSA indexer-key cache for sparse), captured through the log callback
 (backend/llama_log.py). kv_bytes_per_token divides by the cells llama.cpp allocated (n_ctx rounded up).
-Indexer time share: sparse runs decode --gen more tokens with LLAMA_DSA_INDEXER_ONLY=1 (the patch then
-computes every sparse layer's selection, scores and top-k, but attends densely): `indexer_decode_ms_per_tok`
-= that time - the dense run's at the same ctx, `indexer_share_decode` = it / the sparse decode time. The
-rest of the sparse overhead is the selection mask and the gather. `indexer_share_*_est` = 1 - t_dense /
-t_sparse is the whole sparse overhead's share (indexer, top-k, mask, gather), prefill and decode.
-Host time: the timed decodes run with LLAMA_DSA_HOST_TIMING=1; the patch logs, per single-token decode, the host µs
-of cache apply + graph build/reuse, of writing the inputs (masks, positions) and of launching the graph
+Indexer time share: sparse runs repeat the same steps in a second context created with LLAMA_DSA_INDEXER_ONLY=1
+(the patch reads its switches when a context is created; it then computes every sparse layer's selection, scores
+and top-k, but attends densely): `indexer_decode_ms_per_tok` = that context's decode time - the dense run's at the
+same ctx, `indexer_share_decode` = it / the sparse decode time. The rest of the sparse overhead is the selection
+mask and the gather. `indexer_share_*_est` = 1 - t_dense / t_sparse is the whole sparse overhead's share (indexer,
+top-k, mask, gather), prefill and decode.
+Host time: the timed contexts are created with LLAMA_DSA_HOST_TIMING=1; the patch logs, per single-token decode, the
+host µs of cache apply + graph build/reuse, of writing the inputs (masks, positions) and of launching the graph
 (`host_us_per_decode_token`; on a GPU the launch is asynchronous, on the CPU it is the whole compute). The table's
-`host µs/tok` is graph + inputs: the host work a GPU waits for before each token.
+`host µs/tok` is graph + inputs: the host work a GPU waits for before each token. With it each prefill ubatch first
+waits for the previous one's GPU work (the patch's prefill record), so on a GPU the prefill loses the overlap of one
+ubatch's graph build with the previous ubatch's kernels.
 --variant LLAMA_DSA_NAME=VALUE (repeatable) adds, per ctx, one more sparse run with that patch switch set in the
-environment (docs/PATCH.md), so an A/B of a switch is measured in the same sweep; its rows carry `variant`. Several
-switches join with '+' (LLAMA_DSA_SATTN_SF=1+LLAMA_DSA_TOPK_CLUSTER=1), and upstream's GGML_CUDA_* switches are
-allowed too (LLAMA_DSA_STREAMS=0+GGML_CUDA_GRAPH_OPT=1). Each
-variant run happens in a Python process of its own (eval/variant_proc.py, the switch set before llama.cpp loads): the CUDA
-backend reads some switches once per process (LLAMA_DSA_DECODE_INDEXER, LLAMA_DSA_TOPK_PERSIST),
-so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
+environment (docs/PATCH.md: LLAMA_DSA_FUSED=0, LLAMA_DSA_HOST_MASKS=1, LLAMA_DSA_GATHER=never|always), so an A/B of
+a switch is measured in the same sweep; its rows carry `variant`. Several switches join with '+'
+(LLAMA_DSA_FUSED=0+LLAMA_DSA_HOST_MASKS=1), and upstream's GGML_CUDA_* switches are allowed too
+(LLAMA_DSA_GATHER=never+GGML_CUDA_GRAPH_OPT=1). Each variant run happens in a Python process of its own
+(eval/variant_proc.py, the switch set before llama.cpp loads): ggml's CUDA backend reads its switches once per
+process, so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
 process that ran it, and `host_cpu`: the host CPU and NUMA node it last ran on after the timed decodes and its CPU
 affinity (--cpus LIST pins the sweep and its variant processes; eval/host_cpu.py says why).
 """
@@ -59,9 +62,13 @@ from . import host_cpu
 from .perplexity_llamacpp import dsa_overrides
 
 ATTN_MODES = ("sparse", "dense")
-# environment switches recorded in each row: the patch's (docs/PATCH.md; e.g. LLAMA_DSA_STREAMS=0, which keeps the
-# indexer's branch on the main stream) and ggml's CUDA ones (e.g. GGML_CUDA_GRAPH_OPT)
+# environment switches recorded in each row: the patch's (docs/PATCH.md; e.g. LLAMA_DSA_FUSED=0, get_rows + flash
+# attention over the picks) and ggml's CUDA ones (e.g. GGML_CUDA_GRAPH_OPT)
 RECORDED_ENV = ("LLAMA_DSA_", "GGML_CUDA_")
+# the patch's switches a --variant may set, with their values (the first: the default); LLAMA_DSA_HOST_TIMING and
+# LLAMA_DSA_INDEXER_ONLY are the bench's own measurements
+VARIANT_SWITCHES = {"LLAMA_DSA_FUSED": ("1", "0"), "LLAMA_DSA_HOST_MASKS": ("0", "1"),
+                    "LLAMA_DSA_GATHER": ("auto", "never", "always")}
 DEFAULT_CTX = (4096, 16384, 65536, 131072)
 
 
@@ -117,17 +124,21 @@ _VARIANT_ITEM = re.compile(r"^((?:LLAMA_DSA|GGML_CUDA)_[A-Z0-9_]+)=([^+]*)$")
 
 
 def parse_variant(variant: str) -> dict[str, str] | None:
-    """`NAME=VALUE[+NAME=VALUE...]` (names LLAMA_DSA_* or GGML_CUDA_*) as {name: value}; None if malformed."""
+    """`NAME=VALUE[+NAME=VALUE...]` (names GGML_CUDA_*, or a VARIANT_SWITCHES name with one of its values) as
+    {name: value}; None if malformed."""
     items = [_VARIANT_ITEM.match(x) for x in variant.split("+")]
     if not all(items):
         return None
     env = {m.group(1): m.group(2) for m in items}
+    for k, val in env.items():
+        if k.startswith("LLAMA_DSA_") and val not in VARIANT_SWITCHES.get(k, ()):
+            return None
     return env if len(env) == len(items) else None     # a name twice: malformed
 
 
 @contextmanager
 def _patch_switch(key: str, val: str):
-    """A patch switch in the environment (read by llama.cpp at graph build), restored afterwards."""
+    """A patch switch in the environment (read by llama.cpp when a context is created), restored afterwards."""
     old = os.environ.get(key)
     os.environ[key] = val
     try:
@@ -175,8 +186,9 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
     """Every input check that needs no backend: one-line BadInputError (exit 3)."""
     for v in o.variants:
         if parse_variant(v) is None:
-            raise BadInputError(f"--variant: expected LLAMA_DSA_NAME=VALUE (several joined by '+'; GGML_CUDA_* names "
-                                f"too), got {v!r}")
+            names = ", ".join(f"{k}={'|'.join(vals[1:])}" for k, vals in VARIANT_SWITCHES.items())
+            raise BadInputError(f"--variant: expected LLAMA_DSA_NAME=VALUE ({names}; several joined by '+'; "
+                                f"GGML_CUDA_* names too), got {v!r}")
     if o.variants and "sparse" not in o.attn:
         raise BadInputError("--variant adds sparse runs: it needs --attn sparse (or sparse,dense)")
     if not o.ctx:
@@ -255,7 +267,10 @@ def _prefill(lc, ctx, toks: np.ndarray, batch: int) -> float:
 WARM_DECODES = 3   # untimed single-token decodes between the prefill and the timed ones
 
 
-def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo, variant: str | None = None) -> dict:
+def _timed_context(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo) -> dict:
+    """One context: warm-up, the timed prefill of ctx_len random tokens, WARM_DECODES untimed and --gen timed
+    single-token decodes; the context is freed before returning (the patch logs its host timing then). The patch's
+    switches in the environment apply: llama.cpp reads them when the context is created."""
     threads = o.threads or (os.cpu_count() or 1)
     ropts = RunnerOptions(n_ctx=ctx_len + 2 * o.gen + WARM_DECODES, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
                           flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
@@ -282,21 +297,31 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         # untimed decodes at the full depth: the warm-up above decoded at depth < top_k (all keys selected, the dense
         # kernels), so the sparse decode's first steps would load its kernels and capture its CUDA graph in the timing
         _decode_steps(lc, ctx, gen[:WARM_DECODES])
-        warm = lc.llama_perf_context(ctx)                   # llama.cpp's decode counters: the timed steps only
-        with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of these decodes
-            decode_s = _decode_steps(lc, ctx, gen)
+        prefill_perf = lc.llama_perf_context(ctx)
+        # llama.cpp's counters, and the patch's host timing with them: the timed decode steps only
+        lc.llama_perf_context_reset(ctx)
+        decode_s = _decode_steps(lc, ctx, gen)
         cpu_at_decode = host_cpu.where()                   # the host CPU (and NUMA node) of the timed decode
         perf = lc.llama_perf_context(ctx)
-        indexer_only_s = None
-        if attn == "sparse":              # the same steps with the selection computed but dense attention
-            with _patch_switch("LLAMA_DSA_INDEXER_ONLY", "1"):
-                indexer_only_s = _decode_steps(lc, ctx, gen)
     finally:
         with capture_log(lc) as close_log:   # the host timing is logged when the context is freed
             llm.close()
             del llm
             gc.collect()
-    host_us = parse_host_timing("".join(close_log))
+    return {"threads": threads, "load_s": load_s, "kv": kv, "prefill_s": prefill_s, "decode_s": decode_s,
+            "prefill_perf": prefill_perf, "perf": perf, "host_cpu": cpu_at_decode, "close_log": "".join(close_log)}
+
+
+def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo, variant: str | None = None) -> dict:
+    with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of every ubatch
+        m = _timed_context(lc, path, ctx_len, attn, o, fi)
+    indexer_only_s = None
+    if attn == "sparse":              # a second context: the same steps with the selection computed but dense attention
+        with _patch_switch("LLAMA_DSA_INDEXER_ONLY", "1"):
+            indexer_only_s = _timed_context(lc, path, ctx_len, attn, o, fi)["decode_s"]
+    kv, perf, pre = m["kv"], m["perf"], m["prefill_perf"]
+    prefill_s, decode_s = m["prefill_s"], m["decode_s"]
+    host_us = parse_host_timing(m["close_log"])
     if not kv.found:
         raise DsaError("llama.cpp logged no KV-cache size (log format changed?)")
     eff_k = None if attn == "dense" else fi.top_k
@@ -311,15 +336,14 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "indexer_only_decode_s": None if indexer_only_s is None else round(indexer_only_s, 4),
         "decode_tok_s": round(o.gen / decode_s, 2), "decode_ms_per_tok": round(1000 * decode_s / o.gen, 3),
         "host_us_per_decode_token": host_us,
-        "llama_perf_ms": {"prefill": round(perf.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms - warm.t_eval_ms, 2),
-                          "n_prefill": perf.n_p_eval, "n_decode": perf.n_eval - warm.n_eval,
-                          "n_graphs_reused": perf.n_reused},
+        "llama_perf_ms": {"prefill": round(pre.t_p_eval_ms, 2), "decode": round(perf.t_eval_ms, 2),
+                          "n_prefill": pre.n_p_eval, "n_decode": perf.n_eval, "n_graphs_reused": perf.n_reused},
         **kv.report(),
         "kv_type": o.kv, "index_keys": fi.index_keys[attn],
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
-        "flash_attn": o.flash_attn, "batch": o.batch, "threads": threads, "load_s": round(load_s, 3),
-        "variant": variant, "pid": os.getpid(), "host_cpu": cpu_at_decode,
+        "flash_attn": o.flash_attn, "batch": o.batch, "threads": m["threads"], "load_s": round(m["load_s"], 3),
+        "variant": variant, "pid": os.getpid(), "host_cpu": m["host_cpu"],
         "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)},
         "file": str(path),
     }

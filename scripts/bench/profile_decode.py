@@ -16,9 +16,9 @@ on, all layers on the GPU), then --gen single-token decodes run, each followed b
 --profile the decode steps are bracketed by cuProfilerStart/Stop (libcuda), so a profiler started with
 `--profile-from-start off` sees only them. The summary groups kernels by name and divides by --gen; the
 difference between the wall time per token and the GPU-time sum is host work plus launch gaps.
-In --what prefill without --profile the fill runs with the patch's LLAMA_DSA_HOST_TIMING=1 and the row gets
-`host_us_per_fill_ubatch`: per fill ubatch, the wait for the previous ubatch's GPU work, the graph build, the
-inputs written and the input copies + kernel launches (docs/PATCH.md).
+In --what prefill without --profile the context is created with the patch's LLAMA_DSA_HOST_TIMING=1 and the row gets
+`host_us_per_fill_ubatch`: per prefill ubatch (the fill's and the measured one), the wait for the previous ubatch's
+GPU work, the graph build, the inputs written and the input copies + kernel launches (docs/PATCH.md).
 """
 from __future__ import annotations
 
@@ -73,18 +73,18 @@ def run(a) -> None:
     for attn in o.attn:
         ropts = RunnerOptions(n_ctx=a.ctx + 2 * a.gen + 8, n_batch=a.batch, n_gpu_layers=999, flash_attn=True,
                               kv_type=a.kv, kv_overrides=fi.overrides[attn], logits_all=False)
-        llm = open_model(Path(a.file), ropts)
+        # prefill without the profiler: the patch's host timing (read when the context is created; each prefill
+        # ubatch then waits for the previous one's GPU work first, so the fill is slower than a plain one)
+        timing = a.what == "prefill" and not a.profile
+        with bench._patch_switch("LLAMA_DSA_HOST_TIMING", "1") if timing else contextlib.nullcontext():
+            llm = open_model(Path(a.file), ropts)
         try:
             ctx = llm.ctx
             rng = np.random.default_rng(a.ctx)
             prompt = rng.integers(3, llm.n_vocab(), size=a.ctx, dtype=np.int32)
             gen = rng.integers(3, llm.n_vocab(), size=2 * a.gen, dtype=np.int32)
             if a.what == "prefill":      # the last ubatch of the prefill is the measured (profiled) step
-                # the fill's ubatches with the patch's host timing (each waits for the previous one's GPU work
-                # first, so the fill is slower than a plain one; the measured last ubatch runs without it)
-                timing = contextlib.nullcontext() if a.profile else bench._patch_switch("LLAMA_DSA_HOST_TIMING", "1")
-                with timing:
-                    t_fill = bench._prefill(lc, ctx, prompt[:-a.batch], a.batch)
+                t_fill = bench._prefill(lc, ctx, prompt[:-a.batch], a.batch)
                 with _profiled(a.profile):
                     dt = bench._prefill(lc, ctx, prompt[-a.batch:], a.batch)
                 rows.append({"attn": attn, "ctx": a.ctx, "what": "prefill", "prefill_s": round(t_fill, 3),

@@ -6,13 +6,13 @@ masked path and kernels_ref (torch on the CPU, in a separate process).
     python scripts/gpu/check_decode.py ref-dsa.gguf --kv asq --prefill 600 --decode 48 --n-gpu-layers 99
     python scripts/gpu/check_decode.py ref-dsa.gguf --kv f16 --prefill 600 --decode 48 --n-gpu-layers 99
 
---kv asq: the file's ASQ cache; the op is ggml_dsa_sparse_attn_asq, the older form (LLAMA_DSA_FUSED_ASQ=0) decodes
+--kv asq: the file's ASQ cache; the op is ggml_dsa_sparse_attn_asq, the older form (LLAMA_DSA_FUSED=0) decodes
 the picks into F32 for flash attention; the reference is kernels_ref's ASQ math (FORMAT.md section 6).
---kv f16: an f16 cache (ASQ switched off); the op is ggml_dsa_sparse_attn, the older form (LLAMA_DSA_FUSED_ATTN=0)
+--kv f16: an f16 cache (ASQ switched off); the op is ggml_dsa_sparse_attn, the older form (LLAMA_DSA_FUSED=0)
 gathers the picked rows for flash attention; the reference is kernels_ref with F32 K/V.
 The prefill must pass the file's top_k so that the decodes select. Errors are relative to the reference's logit
 range. op vs older form is reported, not bounded (see main()); per-row vs kernels_ref: median below 1.5x that of the
-masked decode (LLAMA_DSA_GATHER_MAX_TOKENS=0) on the same rows, or 1e-3, whichever is larger; and the op's median no
+masked decode (LLAMA_DSA_GATHER=never) on the same rows, or 1e-3, whichever is larger; and the op's median no
 more than 1.1x the older form's. Exit 0 when every check passes, 1 otherwise. (Named check_asq_decode.py, ASQ only,
 when it first ran on an H200: docs/history §7d.)
 """
@@ -34,8 +34,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # scripts/: verify_dsa_patch
 import verify_dsa_patch as v  # noqa: E402
 
-# --kv: (switch that selects the older form, ggml cache type for llama.cpp, kernels_ref K/V, ASQ cache on)
-MODES = {"asq": ("LLAMA_DSA_FUSED_ASQ", 0, "asq", True), "f16": ("LLAMA_DSA_FUSED_ATTN", 1, "f32", False)}
+# --kv: (ggml cache type for llama.cpp, kernels_ref K/V, ASQ cache on); LLAMA_DSA_FUSED=0 selects the older form
+MODES = {"asq": (0, "asq", True), "f16": (1, "f32", False)}
 
 
 def main() -> int:
@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--seed", type=int, default=5)
     args = ap.parse_args()
-    switch, cache_type, ref_kv, asq_on = MODES[args.kv]
+    cache_type, ref_kv, asq_on = MODES[args.kv]
     v.N_GPU_LAYERS = args.n_gpu_layers
     n = args.prefill + args.decode
     n_ctx = 256 * ((n + 255) // 256)
@@ -63,9 +63,9 @@ def main() -> int:
         return v.llama_logits(args.dsa_gguf, toks, overrides, n_ctx=n_ctx, prefill=args.prefill, flash_attn=True,
                               cache_type=cache_type, **kw)
 
-    os.environ[switch] = "0"
+    os.environ["LLAMA_DSA_FUSED"] = "0"      # read when the context is created
     older = run()
-    del os.environ[switch]
+    del os.environ["LLAMA_DSA_FUSED"]
     op = run()
     masked = run(gather=False)
     ref = v.ref_logits_isolated(args.dsa_gguf, toks, kv=ref_kv)
@@ -95,7 +95,7 @@ def main() -> int:
     # checks below hold each form to the reference instead (the tiny random models of the CI tests keep tight
     # bounds between the forms on the CPU).
     print(f"       decode: op vs older form: max {e:.2e} of the logit range (reported)")
-    # baseline: the same decode rows through the masked path (LLAMA_DSA_GATHER_MAX_TOKENS=0: attention over the whole
+    # baseline: the same decode rows through the masked path (LLAMA_DSA_GATHER=never: attention over the whole
     # cache, masked) vs kernels_ref
     base = np.median(np.abs(masked[d] - ref[d]).max(axis=1) / scale)
     bound = max(1.5 * base, 1e-3)

@@ -45,7 +45,7 @@
 #   - A bench step appends to WORK/bench-<its arguments>.jsonl, which stays while the machine is warm: give each sweep a
 #     distinct argument (e.g. --gen,34 / --gen,35; the step's --gen wins over the default 32) to keep sweeps apart.
 #   - decodecheck / asq need WORK/ref-dsa.gguf from `retrofit` in the same warm session.
-#   - Standalone CUDA checks need no backend build: `bash scripts/gpu/cuda/run_cuda_check.sh topk|sattn|lid|lidtk OUTDIR`
+#   - Standalone CUDA checks need no backend build: `bash scripts/gpu/cuda/run_cuda_check.sh topk|sattn|lid|lip OUTDIR`
 #     or, for the mat-vec check, `nvcc -O3 -std=c++17 -arch=sm_90 scripts/gpu/cuda/mmvq_check.cu -o m && ./m`.
 #
 # A typical round (one cold call, then warm calls of sweeps; the 8B sweep takes about 110 s, the 1B about 55 s):

@@ -17,20 +17,18 @@
 #             f16 / q8_0 / q4_0 / ASQ, llama.cpp's ASQ PPL vs kernels_ref (torch on the GPU)
 #   asqspeed  decode speed with the ASQ cache vs a q4_0 cache at 64K on the synthetic 1B shape with random
 #             ASQ prototypes (make_synth_gguf.py --asq 64), flash attention on; the ASQ row once more with
-#             LLAMA_DSA_FUSED_ASQ=0 (the picks decoded into F32 + flash attention)
-#   streams   scripts/gpu/check_streams.py on the synthetic 1B shape: decode logits with and without concurrent CUDA
-#             streams (LLAMA_DSA_STREAMS: the indexer's branch forked at attn_norm; with GGML_CUDA_GRAPH_OPT=1 too) and
-#             with the indexer key store folded into the decode indexer or not (LLAMA_DSA_LID_KFOLD) must be
-#             bit-identical
+#             LLAMA_DSA_FUSED=0 (the picks decoded into F32 + flash attention)
+#   streams   scripts/gpu/check_streams.py on the synthetic 1B shape: decode logits with the concurrent CUDA streams
+#             (the indexer's branch forked at attn_norm; with GGML_CUDA_GRAPH_OPT=1 upstream's fork too) and without
+#             them (CUDA graphs off) must be bit-identical
 #   decodecheck  scripts/gpu/check_decode.py on $DSA_FILE (trained indexer) with every layer on the GPU, --kv asq and
 #             --kv f16: the decode path's in-place op vs its older form vs the masked path vs kernels_ref;
-#             $DC_PREFILL prefill tokens (default 600; > 1024 so that the decodes' rows take the radix top-k and the
-#             indexer + top-k kernel)
+#             $DC_PREFILL prefill tokens (default 600; > 1024 so that the decodes' rows take the radix top-k)
 #   speed     the speed grid: dsa bench sparse vs dense (flash attention on) on the synthetic
 #             1B (and, with SPEED_8B=1, 8B; SPEED_8B=only: just 8B) shape at $SPEED_CTX (default 16384,65536,131072)
 #             (SPEED_VARIANT=LLAMA_DSA_NAME=VALUE: one more sparse run per ctx with that switch, e.g. the A/B
-#             of LLAMA_DSA_FUSED_ATTN=0, or LLAMA_DSA_DEVICE_MASK=0: every mask written by the host; the default 3
-#             builds the prefill indexer mask and the decode masks in the graph; SPEED_ARGS: more dsa bench
+#             of LLAMA_DSA_FUSED=0, or LLAMA_DSA_HOST_MASKS=1: every mask written by the host; by default the
+#             prefill indexer mask and the decode masks are built in the graph; SPEED_ARGS: more dsa bench
 #             options for every run, e.g. "--index-keys f16")
 #   asqenc    scripts/gpu/cuda/asq_encode_check.cu: the patch's ASQ encode kernel form vs the previous one vs a CPU
 #             reference of FORMAT.md section 6, byte-exact (ties aside), with timing
@@ -40,14 +38,9 @@
 #             decode and decode lightning-indexer kernels (headers taken from the patch) vs CPU references and
 #             (lid) the earlier decode kernel, with timings
 #   lidcheck / topkcheck / sattncheck  one of those checks alone (separate steps can run in parallel)
-#   lidtkcheck  scripts/gpu/cuda/lidtk_check.cu: the fused decode indexer + top-k (dsa-lid-topk.cuh) and the carried-threshold
-#             top-k (dsa-topk-carry.cuh) equal to the two
-#             kernels it replaces and to a CPU select, timed back to back, cold L2 and in a 16-call CUDA graph; the
-#             indexer with the query RoPE folded in (LLAMA_DSA_LID_QROPE) bit-equal to it on the rotated query
-#   lipcheck  scripts/gpu/cuda/lip_check.cu: three tensor-core prefill indexers (tc = a prototype with relu and weight
-#             through shared memory per head; tc2 = the patch's LLAMA_DSA_PREFILL_TC=1, the |.| identity in
-#             registers; mma = LLAMA_DSA_PREFILL_TC=2, mma.sync, the default) vs the patch's FP32 prefill kernel: error and
-#             top-2048 overlap against a CPU reference, timing hot and cold
+#   lipcheck  scripts/gpu/cuda/lip_check.cu: two tensor-core prefill indexers (tc = a prototype with relu and weight
+#             through shared memory per head; mma = the patch's, mma.sync) vs the patch's FP32 prefill kernel: error
+#             and top-2048 overlap against a CPU reference, timing hot and cold
 #   profile   scripts/bench/profile_decode.py on the synthetic 1B shape at $PROF_CTX (default 32768): wall ms per
 #             decoded token, then per-kernel GPU time of 2 decode steps under Nsight Compute (ncu), sparse
 #             and dense (PROF_ATTN to choose; PROF_KV=asq|q4_0 for the cache type, PROF_FILE); PROF_PREFILL=1:
@@ -144,11 +137,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     cat "$WORK/kv${KV_TAG:-}.md" ;;
   asqspeed)
     synth "$WORK/synth-1b-asq.gguf" llama-3.2-1b --asq 64
-    # asq also without the decode path's in-place attention op over the ASQ cache (LLAMA_DSA_FUSED_ASQ=0: decode
+    # asq also without the decode path's in-place attention op over the ASQ cache (LLAMA_DSA_FUSED=0: decode
     # the picks into F32 + flash attention), in the same sweep (--variant)
     for kv in q4_0 asq; do
       dsa bench "$WORK/synth-1b-asq.gguf" --ctx 65536 --gen 32 --attn sparse --kv $kv --flash-attn --n-gpu-layers 999 \
-        --force --jsonl "$WORK/asqspeed.jsonl" $([ $kv = asq ] && echo --variant LLAMA_DSA_FUSED_ASQ=0) > /dev/null || true
+        --force --jsonl "$WORK/asqspeed.jsonl" $([ $kv = asq ] && echo --variant LLAMA_DSA_FUSED=0) > /dev/null || true
     done
     cat "$WORK/asqspeed.jsonl" ;;
   speed)
@@ -172,11 +165,10 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
   licheck)
     nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math scripts/gpu/cuda/li_check.cu -o "$WORK/li_check" \
       && "$WORK/li_check" | tee "$WORK/li_check.txt" ;;
-  lipcheck) cuda_check lip 20 ;; # the tensor-core prefill indexers (a prototype, the patch's two) vs the FP32 one
+  lipcheck) cuda_check lip 20 ;; # the tensor-core prefill indexers (a prototype, the patch's) vs the FP32 one
   lidcheck) cuda_check lid 30 ;; # the decode lightning indexer alone (also part of cudachecks)
   topkcheck) cuda_check topk 8 ;; # the top-k selects alone (also part of cudachecks; separate steps run in parallel)
   sattncheck) cuda_check sattn 12 ;; # the sparse attention kernels alone (also part of cudachecks)
-  lidtkcheck) cuda_check lidtk 13 ;; # the fused decode indexer + top-k against its two kernels
   cudachecks)
     rc=0
     cuda_check topk 3 || rc=1; cuda_check sattn 3 || rc=1; cuda_check lid 30 || rc=1
@@ -221,7 +213,7 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     done ;;
   hostprof)
     # where a prefill ubatch's time goes on the host (no profiler): scripts/bench/profile_decode.py --what prefill fills the
-    # context with the patch's LLAMA_DSA_HOST_TIMING on (per fill ubatch: the wait for the previous ubatch's GPU work,
+    # context with the patch's LLAMA_DSA_HOST_TIMING=1 (per fill ubatch: the wait for the previous ubatch's GPU work,
     # graph build, inputs, input copies + launches), sparse and dense, at each of HOSTPROF_CTX
     f=${PROF_FILE:-$WORK/synth-1b-asq.gguf}
     synth "$f" llama-3.2-1b --asq 64
@@ -237,11 +229,11 @@ from pathlib import Path; deepen(Path(sys.argv[1]), Path(sys.argv[2]))" "$WORK/r
     python3 scripts/strip_dsa.py "${DSA_FILE:-$WORK/ref-dsa.gguf}" "$WORK/ref-stock$sfx.gguf" ${DV_F32:+--f32}
     python3 scripts/verify_dsa_patch.py "$WORK/ref-stock$sfx.gguf" --n-gpu-layers 99 | tee "$WORK/decodeverify$sfx.txt" ;;
   streams)
-    # concurrent CUDA streams (LLAMA_DSA_STREAMS, default 1: the indexer's branch on its own stream; with
-    # GGML_CUDA_GRAPH_OPT=1 also upstream's fork) leave every decode's logits bit-identical, for the f16 and the ASQ
-    # cache; a failure ends the script with its status, as decodecheck's does
+    # concurrent CUDA streams (the indexer's branch on its own stream; with GGML_CUDA_GRAPH_OPT=1 also upstream's
+    # fork) leave every decode's logits bit-identical to CUDA graphs off, for the f16 and the ASQ cache; a failure ends
+    # the script with its status, as decodecheck's does
     # STREAMS_FILE: another 1B-shaped file, e.g. $WORK/synth-1b-share4.gguf (made by gpu_batch.sh's synthsharebg first:
-    # synth keeps an existing file), whose shared layers fork too (LLAMA_DSA_STREAMS_SHARED)
+    # synth keeps an existing file), whose shared layers fork too
     f=${STREAMS_FILE:-$WORK/synth-1b-asq.gguf}
     synth "$f" llama-3.2-1b --asq 64
     st="$WORK/streams-$(basename "$f" .gguf).txt"; rc=0; : > "$st"

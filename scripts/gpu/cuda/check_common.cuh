@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <chrono>
 #include <functional>
 #include <vector>
 
@@ -55,19 +54,7 @@ static __global__ void check_l2_flush_kernel(const int4 * p, size_t n, int * sin
 // microseconds per call of launch() with a cold L2: before each of `reps` calls, a read of a buffer of 4x the L2
 // size evicts the inputs; each call is timed alone between two events (so a call's launch gap is included, about
 // 1-2 us more than back to back). `warmup` untimed calls first.
-// busy-waits us microseconds on the host (lets earlier asynchronous memory traffic, e.g. L2 prefetches, land)
-static void check_spin_us(double us) {
-    cudaEvent_t e; CK(cudaEventCreate(&e)); CK(cudaEventRecord(e, 0)); CK(cudaEventSynchronize(e)); CK(cudaEventDestroy(e));
-    const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() < us) {
-    }
-}
-
-// pre() (untimed) runs after each flush, before the timed call: e.g. a prefetch of the call's inputs, then a
-// synchronisation, so that the timed call finds what pre() brought into L2
-static void check_no_pre() {}
-template <typename F, typename P = void (*)()> static double time_us_cold(cudaStream_t s, int warmup, int reps, F launch,
-                                                                          P pre = check_no_pre) {
+template <typename F> static double time_us_cold(cudaStream_t s, int warmup, int reps, F launch) {
     static int4 * buf = nullptr;
     static size_t n = 0;
     static int * sink = nullptr;
@@ -84,8 +71,7 @@ template <typename F, typename P = void (*)()> static double time_us_cold(cudaSt
     double total_us = 0.0;
     for (int r = 0; r < reps; ++r) {
         check_l2_flush_kernel<<<1024, 256, 0, s>>>(buf, n, sink);
-        pre();
-        total_us += time_us(s, 0, 1, launch);   // this call alone, after the flush (and pre())
+        total_us += time_us(s, 0, 1, launch);   // this call alone, after the flush
     }
     return total_us / reps;
 }
@@ -96,7 +82,7 @@ static inline uint32_t host_key(float v) {
     return b ^ ((uint32_t) (-(int32_t) (b >> 31)) | 0x80000000u);
 }
 
-// the top-k reference of one row (topk_check.cu, lidtk_check.cu): the columns of the k largest values in the kernels'
+// the top-k reference of one row (topk_check.cu): the columns of the k largest values in the kernels'
 // total order (host_key: -0 < +0), ties at the k-th value taken by the lowest columns, in ascending column order
 static inline void reference_row(const float * row, int ncols, int k, std::vector<int> & out, std::vector<uint32_t> & keys) {
     keys.resize(ncols);

@@ -10,9 +10,6 @@
 #   lip    scripts/gpu/cuda/lip_check.cu: the patch's two tensor-core prefill indexers (dsa-lightning-indexer-tc.cuh,
 #          dsa-lightning-indexer-mma.cuh) and a first tensor-core prototype against the patch's FP32 prefill kernel
 #          (dsa-lightning-indexer-prefill.cuh) and a CPU reference, all timed
-#   lidtk  scripts/gpu/cuda/lidtk_check.cu: the fused decode indexer + top-k kernel (dsa-lid-topk.cuh) and the
-#          carried-threshold top-k (dsa-topk-carry.cuh: 9 calls per case, each path) against the two
-#          kernels it replaces (direct-load indexer, then topk_radix_persist; equal columns) and a CPU select, timed
 #   latency scripts/gpu/cuda/latency_check.cu: what one more dependent kernel costs in a CUDA graph (plain, with
 #          programmatic dependent launch, with a memset node between) against one more grid barrier inside a
 #          persistent kernel (the patch's topk_radix_row_barrier); a measurement
@@ -28,15 +25,14 @@
 # ~10 s + a few seconds.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
-CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|lidtk|latency [OUTDIR] [--quick] [--compile-only]}; shift
+CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|latency [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
   topk)  HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh top-k-radix-rows.cuh" ;;
-  sattn) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh dsa-sparse-attn-tc.cuh" ;;
-  lid)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh" ;;
-  lip)   HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
-  lidtk) HEADERS="top-k-key.cuh dsa-topk-carry.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh top-k-radix.cuh top-k-radix-persist.cuh dsa-lid-topk.cuh" ;;
+  sattn) HEADERS="top-k-key.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh dsa-sparse-attn-tc.cuh" ;;
+  lid)   HEADERS="top-k-key.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh" ;;
+  lip)   HEADERS="top-k-key.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
   latency) HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh" ;;
-  *) echo "unknown check $CHECK (topk, sattn, lid, lip, lidtk or latency)" >&2; exit 2 ;;
+  *) echo "unknown check $CHECK (topk, sattn, lid, lip or latency)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
 QUICK=""; COMPILE_ONLY=0

@@ -11,13 +11,9 @@
 // 4 / 8 bits, and the 1B / 8B decode shapes' timing.
 // The score-first kernel (dsa_sattn_partial_sf, the patch's default where it applies) runs beside the two-pass one
 // wherever it applies (F16/F32 rows of <= 256 bytes, GQA 1/2/4/8), on the same inputs, bounds and timings.
-// Its opt-in merge form (LLAMA_DSA_SATTN_MERGE=1: the last block of each (KV head, token) merges the splits) beside
-// it, twice per case (the second call finds the counters the first left); the opt-in L2 prefetch of the picks
-// (LLAMA_DSA_SATTN_PREFETCH=1, dsa_sattn_prefetch) is timed before a cold merged call.
 // The tensor-core kernel (dsa_sattn_tc_kernel, dsa-sparse-attn-tc.cuh: the patch's prefill-ubatch kernel) runs beside
 // them on every F16 case it applies to (D 64 / 128, GQA <= 16), bound 2e-3 (F16 q and softmax weights, as flash
-// attention), and is timed on 512-token ubatches of 16K / 64K / 128K cells (1B shape) and 64K (8B shape); its split
-// form (4 warps per (KV head, token), LLAMA_DSA_SATTN_TC_SPLIT=4) beside it, same bound.
+// attention), and is timed on 512-token ubatches of 16K / 64K / 128K cells (1B shape) and 64K (8B shape).
 // Exit status 0 iff every case is within 2e-5 (ASQ: 1e-4; tensor cores: 2e-3) relative (of the output row's max |value|).
 #include "check_common.cuh"
 #include "dsa-sparse-attn-kernels.cuh"
@@ -174,15 +170,8 @@ static bool run_case(const Case & c, bool timing) {
     const bool sf = fp32 && dsa_sattn_sf_applies(p, D, sizeof(T));
     dsa_sattn_params p_sf = p;
     p_sf.score_first = true;
-    // and its merge form (opt-in LLAMA_DSA_SATTN_MERGE=1): the last block of each (KV head, token) merges
-    // the splits, no combine kernel; the counters must be zero before the first call and are left zero by each
-    unsigned int * tickets; CK(cudaMalloc(&tickets, (size_t) n_tok*nhk*sizeof(unsigned int)));
-    CK(cudaMemset(tickets, 0, (size_t) n_tok*nhk*sizeof(unsigned int)));
-    dsa_sattn_params p_mg = p_sf;
-    p_mg.tickets = tickets;
     auto launch    = [&]() { return dsa_sattn_launch<T>(p, D, n_split, scratch, 0); };
     auto launch_sf = [&]() { return dsa_sattn_launch<T>(p_sf, D, n_split_sf, scratch, 0); };
-    auto launch_mg = [&]() { return dsa_sattn_launch<T>(p_mg, D, n_split_sf, scratch, 0); };
     auto all_masked = [&](int r) { return n_tok > 1 && r / nh == 1; }; // token 1: every pick masked
     double worst = 0;
     if (fp32) {
@@ -197,19 +186,9 @@ static bool run_case(const Case & c, bool timing) {
         CK(cudaDeviceSynchronize());
         worst_sf = max_row_err(dd, ref, D, all_masked);
     }
-    double worst_mg = 0;
-    if (sf) { // twice: the second call finds the counters the first left
-        for (int rep = 0; rep < 2; ++rep) {
-            CK(cudaMemset(dd, 0xff, ref.size()*4));
-            CK(launch_mg());
-            CK(cudaDeviceSynchronize());
-            worst_mg = std::max(worst_mg, max_row_err(dd, ref, D, all_masked));
-        }
-    }
-    // the tensor-core kernel (F16 rows) where it applies, and its split form (LLAMA_DSA_SATTN_TC_SPLIT=4)
+    // the tensor-core kernel (F16 rows) where it applies
     const bool tc = std::is_same<T, half>::value && dsa_sattn_tc_applies(p, D, 1);
     auto launch_tc  = [&] { CK(dsa_sattn_tc_launch(p, D, 0)); };
-    auto launch_tc4 = [&] { CK(dsa_sattn_tc_launch(p, D, 0, DSA_SATTN_TC_WARPS)); };
     auto tc_err = [&](auto launch_form) {
         CK(cudaMemset(dd, 0xff, ref.size()*4)); // NaN: the form must write every output
         launch_form();
@@ -217,17 +196,15 @@ static bool run_case(const Case & c, bool timing) {
         return max_row_err(dd, ref, D, all_masked);
     };
     const double worst_tc  = tc ? tc_err(launch_tc) : 0.0;
-    const double worst_tc4 = tc ? tc_err(launch_tc4) : 0.0;
     const bool ok = worst < 2e-5 && std::isfinite(worst) && worst_sf < 2e-5 && std::isfinite(worst_sf) &&
-                    worst_mg < 2e-5 && std::isfinite(worst_mg) &&
-                    worst_tc < 2e-3 && std::isfinite(worst_tc) && worst_tc4 < 2e-3 && std::isfinite(worst_tc4);
+                    worst_tc < 2e-3 && std::isfinite(worst_tc);
     printf("%-34s D %3d heads %2d/%d tok %d kv %6d top %4d %s mask %s split %2d: max rel err %.2e", c.name, D, nh,
            nhk, n_tok, c.n_kv, c.n_top, c.f16 ? "f16" : "f32", c.mask_f16 ? "f16" : "f32", n_split, worst);
     if (sf) {
-        printf(" | score-first split %2d: %.2e, merged in-kernel: %.2e", n_split_sf, worst_sf, worst_mg);
+        printf(" | score-first split %2d: %.2e", n_split_sf, worst_sf);
     }
     if (tc) {
-        printf(" | tensor cores: %.2e, split 4: %.2e", worst_tc, worst_tc4);
+        printf(" | tensor cores: %.2e", worst_tc);
     }
     printf(" %s", ok ? "OK" : "FAIL");
     if (timing && fp32) {
@@ -239,28 +216,14 @@ static bool run_case(const Case & c, bool timing) {
         if (sf) {
             printf(" | score-first %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(launch_sf()); }),
                    time_us_cold(0, 2, 50, [&] { CK(launch_sf()); }));
-            printf(" | merged %.2f us, L2 cold %.2f us", time_us(0, 20, 200, [&] { CK(launch_mg()); }),
-                   time_us_cold(0, 2, 50, [&] { CK(launch_mg()); }));
-            // the prefetch form (a shared layer's picks prefetched into L2 beside its Q/K/V): after the flush, the
-            // prefetch kernel and 20 us of waiting (its lines land), then the merged call; and the prefetch alone
-            dsa_sattn_prefetch_params pp = {};
-            pp.k = (const char *) dk; pp.v = (const char *) dv; pp.idx = di; pp.out = dd;
-            pp.k_row = pp.v_row = cell*sizeof(T); pp.k_strm = pp.v_strm = (size_t) c.n_kv*cell*sizeof(T);
-            pp.n_pick = c.n_top*c.n_tps; pp.n_strm = c.n_strm; pp.n_kv = c.n_kv;
-            auto prefetch = [&] { CK(dsa_sattn_prefetch_launch(pp, 0)); CK(cudaDeviceSynchronize()); check_spin_us(20.0); };
-            printf(" | after prefetch %.2f us (prefetch alone %.2f us)",
-                   time_us_cold(0, 2, 50, [&] { CK(launch_mg()); }, prefetch),
-                   time_us_cold(0, 2, 50, [&] { CK(dsa_sattn_prefetch_launch(pp, 0)); }));
         }
         if (tc) {
             printf(" | tensor cores %.2f us, L2 cold %.2f us", time_us(0, 20, 200, launch_tc),
                    time_us_cold(0, 2, 50, launch_tc));
-            printf(" | split 4 %.2f us, L2 cold %.2f us", time_us(0, 20, 200, launch_tc4),
-                   time_us_cold(0, 2, 50, launch_tc4));
         }
     }
     printf("\n");
-    for (void * ptr : {(void *) dq, (void *) dk, (void *) dv, dm, (void *) di, (void *) dd, scratch, (void *) tickets}) cudaFree(ptr);
+    for (void * ptr : {(void *) dq, (void *) dk, (void *) dv, dm, (void *) di, (void *) dd, scratch}) cudaFree(ptr);
     return ok;
 }
 
@@ -411,10 +374,10 @@ int main() {
         {64,  32, 8, 1, 1, 32768, 2048, true, true, "1B shape decode"},
         {128, 32, 8, 1, 1, 32768, 2048, true, true, "8B shape decode"},
         {64,  32, 8, 4, 1, 32768, 2048, true, true, "1B shape 4 tokens"},
-        // a prefill ubatch through the op (LLAMA_DSA_GATHER_MAX_TOKENS=512 in the patch: 28 % slower than the masked
+        // a prefill ubatch through the op (a decode-path threshold of 512 tokens in the patch: 28 % slower than the masked
         // flash attention at 64K with the default kernel, docs/history §4l): what the score-first kernel would change
         {64,  32, 8, 512, 1, 65536, 2048, true, true, "1B shape 512-token ubatch"},
-        // the tensor-core kernel's range (the patch routes prefill ubatches to it from LLAMA_DSA_PREFILL_GATHER_MIN_KV
+        // the tensor-core kernel's range (the patch routes prefill ubatches to it from DSA_PREFILL_GATHER_MIN_KV
         // cells on); masked flash attention costs ~n_kv per token, these ~2048
         {64,  32, 8, 512, 1, 16384, 2048, true, true, "1B shape 512-token ubatch, 16K"},
         {64,  32, 8, 512, 1, 131072, 2048, true, true, "1B shape 512-token ubatch, 128K"},

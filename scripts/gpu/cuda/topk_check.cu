@@ -12,15 +12,15 @@
 // first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
 // Where the one-kernel select applies (topk_radix_persist: all of a call's blocks resident at once, e.g. decode rows),
 // it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
-// (columns 1kern_us, 1kern_graph); its in-kernel-cleaning forms (TOPK_CLEAN_INKERNEL / _PF: no memset, the patch's
-// LLAMA_DSA_TOPK_CLEAN=3 / 4) likewise, each on ONE scratch shared by every case of the run (zeroed once at the start,
+// (columns 1kern_us, 1kern_graph); its in-kernel-cleaning forms (TOPK_CLEAN_INKERNEL / _PF: no memset; the patch's
+// graph does not launch them) likewise, each on ONE scratch shared by every case of the run (zeroed once at the start,
 // as the patch's per-stream scratch: a case starts from what the previous cases' calls left), stream and graph
 // (columns ik_us, ik_graph, ikpf_us). Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's default for
 // the rows the one-kernel select does not take; rows up to 8 blocks of 1024 threads x 24 keys, 1 or many rows), the same (columns clus_us,
 // clus_graph). Last, a sweep of the one-kernel select for one decode row over its keys per thread (1-16: fewer blocks
-// per row with more keys each; the patch's LLAMA_DSA_TOPK_PERSIST_MIN_EPT), checked and timed. The one-block-per-row select
+// per row with more keys each; the patch's DSA_TOPK_PERSIST_MIN_EPT), checked and timed. The one-block-per-row select
 // (top-k-radix-rows.cuh: the patch's default for prefill rows since docs/history §4u) in every case, stream and graph,
-// with 512 and with 1024 threads per row (LLAMA_DSA_TOPK_ROWS=1 / 2), timed (columns rows_us, rows_graph, r1k_us).
+// with 512 (the patch's) and with 1024 threads per row, timed (columns rows_us, rows_graph, r1k_us).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
@@ -313,7 +313,7 @@ int main(int argc, char ** argv) {
         }
     }
     // the one-kernel select of one decode row with more keys per thread (fewer blocks per row):
-    // LLAMA_DSA_TOPK_PERSIST_MIN_EPT in the patch; checked and timed (us per call, back to back and in a CUDA graph)
+    // DSA_TOPK_PERSIST_MIN_EPT in the patch; checked and timed (us per call, back to back and in a CUDA graph)
     printf("%-6s %-7s %-7s %-4s %-4s %-4s %12s %12s\n", "sweep", "ncols", "min_ept", "ept", "bpr", "ok", "1kern_us", "1kern_graph");
     for (int ncols : quick ? std::vector<int>{131072} : std::vector<int>{16384, 65536, 131072}) {
         int prev_ept = 0;
