@@ -90,5 +90,5 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 exec bash scripts/gpu/gpu_batch.sh
 RUN
 total=$(du -sb "$DIR" | cut -f1)
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk 'END{print $1}')
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk 'END{print $1}' || true)   # files deleted but not yet committed: du fails on them
 echo "wrote $DIR: $(( total / 1048576 )) MiB; with the working tree $(( (total + tree) / 1024 )) KiB of the 65536 KiB a call carries"

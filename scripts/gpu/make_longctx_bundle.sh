@@ -15,5 +15,5 @@ cp "$m"/*.json "$DIR/shared/models/ref-llama-27m-32k/"
 for f in "$m"/*.safetensors; do xz -6 -T0 -c "$f" > "$DIR/shared/models/ref-llama-27m-32k/$(basename "$f").xz"; done
 cp "$SHARED/corpus/books_003.txt.xz" "$DIR/shared/corpus/"
 total=$(du -sb "$DIR" | cut -f1)
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk 'END{print $1}')
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk 'END{print $1}' || true)   # files deleted but not yet committed: du fails on them
 echo "wrote $DIR: $(( total / 1048576 )) MiB; with the working tree $(( (total + tree) / 1024 )) KiB of the 65536 KiB a call carries"
