@@ -137,7 +137,8 @@ def test_decode_masks_from_positions_are_bit_exact(tiny_dsa, monkeypatch, flash_
 def _decode_mask_from_positions(dsa: Path) -> bool:
     """The decode graph of a flash-attention run (prompt, then one token) computes its attention mask from the
     positions (a node only a decode-size graph can have)."""
-    return any(ln.split(":")[1].split("(")[0].strip() == "attn_kq_mask_dsa_pos" for ln in _sched_node_lines(dsa, TOPK + 16))
+    names = [ln.split(":")[1].split("(")[0].strip() for ln in _sched_node_lines(dsa, TOPK + 16)]
+    return "attn_kq_mask_dsa_pos" in names
 
 
 def _decode_with_hole(path, ids, extra, hole, verbose=False):
