@@ -298,6 +298,23 @@ def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type
 
 
 @requires_backend
+def test_switches_are_logged_and_bad_values_refused(tiny_dsa):
+    """The patch's switches are read when a context is created: a value other than the default is logged as a warning
+    with what it changes, a value that is not one of the listed ones fails the context creation."""
+    _, dsa = tiny_dsa
+    code = "import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True)"
+    env = dict(os.environ, LLAMA_DSA_FUSED="0", LLAMA_DSA_GATHER="never", LLAMA_DSA_HOST_MASKS="0")
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "llama_context: LLAMA_DSA_FUSED=0 : " in r.stderr and "llama_context: LLAMA_DSA_GATHER=never : " in r.stderr
+    assert "LLAMA_DSA_HOST_MASKS=0" not in r.stderr                     # the default: not logged
+    for name, bad in (("LLAMA_DSA_GATHER", "sometimes"), ("LLAMA_DSA_FUSED", "2"), ("LLAMA_DSA_INDEXER_ONLY", "")):
+        r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True,
+                           env=dict(os.environ, **{name: bad}))
+        assert r.returncode != 0 and f"{name}={bad} : invalid value" in r.stderr, r.stderr[-2000:]
+
+
+@requires_backend
 def test_merged_indexer_projections_are_used(tiny_dsa):
     """q_b, k and proj of the indexer lie back to back (dsa writes them so; the loader creates them so): the graph
     multiplies them as one matrix, a tensor aliasing the three weights, for a prefill and a decode graph (the debug
