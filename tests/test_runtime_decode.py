@@ -137,7 +137,8 @@ def test_decode_masks_from_positions_are_bit_exact(tiny_dsa, monkeypatch, flash_
 def _decode_mask_from_positions(dsa: Path) -> bool:
     """The decode graph of a flash-attention run (prompt, then one token) computes its attention mask from the
     positions (a node only a decode-size graph can have)."""
-    return any(ln.split(":")[1].split("(")[0].strip() == "attn_kq_mask_dsa_pos" for ln in _sched_node_lines(dsa, TOPK + 16))
+    names = [ln.split(":")[1].split("(")[0].strip() for ln in _sched_node_lines(dsa, TOPK + 16)]
+    return "attn_kq_mask_dsa_pos" in names
 
 
 def _decode_with_hole(path, ids, extra, hole, verbose=False):
@@ -283,7 +284,10 @@ def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type
     gathered = v.llama_logits(str(dsa), toks, **kw)
     monkeypatch.setenv("LLAMA_DSA_GATHER", "never")
     masked = v.llama_logits(str(dsa), toks, **kw)
-    np.testing.assert_array_equal(default, masked)   # 128 cells: below the default threshold
+    # 128 cells: below the default threshold. The last ubatch (tokens 64-71, 8 tokens) is decode-size: gathered by
+    # default and by `always`, masked with `never`
+    np.testing.assert_array_equal(default[:64], masked[:64])
+    assert not np.array_equal(default[64:], masked[64:])
     assert not np.array_equal(gathered, masked)   # two different graphs ran
     scale = ref.max() - ref.min()
     err_gather = np.abs(gathered - ref).max() / scale
@@ -291,6 +295,23 @@ def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type
     print("prefill gather", err_gather, "masked", err_masked, "gather vs masked", np.abs(gathered - masked).max() / scale)
     assert np.abs(gathered - masked).max() / scale < 1e-3
     assert err_gather < 1.5 * err_masked + 1e-5
+
+
+@requires_backend
+def test_switches_are_logged_and_bad_values_refused(tiny_dsa):
+    """The patch's switches are read when a context is created: a value other than the default is logged as a warning
+    with what it changes, a value that is not one of the listed ones fails the context creation."""
+    _, dsa = tiny_dsa
+    code = "import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True)"
+    env = dict(os.environ, LLAMA_DSA_FUSED="0", LLAMA_DSA_GATHER="never", LLAMA_DSA_HOST_MASKS="0")
+    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "llama_context: LLAMA_DSA_FUSED=0 : " in r.stderr and "llama_context: LLAMA_DSA_GATHER=never : " in r.stderr
+    assert "LLAMA_DSA_HOST_MASKS=0" not in r.stderr                     # the default: not logged
+    for name, bad in (("LLAMA_DSA_GATHER", "sometimes"), ("LLAMA_DSA_FUSED", "2"), ("LLAMA_DSA_INDEXER_ONLY", "")):
+        r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True,
+                           env=dict(os.environ, **{name: bad}))
+        assert r.returncode != 0 and f"{name}={bad} : invalid value" in r.stderr, r.stderr[-2000:]
 
 
 @requires_backend

@@ -30,8 +30,8 @@ a switch is measured in the same sweep; its rows carry `variant`. Several switch
 (LLAMA_DSA_FUSED=0+LLAMA_DSA_HOST_MASKS=1), and upstream's GGML_CUDA_* switches are allowed too
 (LLAMA_DSA_GATHER=never+GGML_CUDA_GRAPH_OPT=1). Each variant run happens in a Python process of its own
 (eval/variant_proc.py, the switch set before llama.cpp loads): ggml's CUDA backend reads its switches once per
-process, so in the sweep's own process a variant of those would silently run the default. Every row carries the `pid` of the
-process that ran it, and `host_cpu`: the host CPU and NUMA node it last ran on after the timed decodes and its CPU
+process, so in the sweep's own process a variant of those would silently run the default. Every row carries the
+`pid` of the process that ran it, and `host_cpu`: the host CPU and NUMA node it last ran on after the timed decodes and its CPU
 affinity (--cpus LIST pins the sweep and its variant processes; eval/host_cpu.py says why).
 """
 from __future__ import annotations
