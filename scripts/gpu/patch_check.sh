@@ -28,7 +28,7 @@ B=$(cd "${1:?usage: patch_check.sh BUNDLE}" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 WORK=${WORK:-/tmp/pc}; OUT=${OUT:-$WORK/out}; LIMIT=${LIMIT:-570}
-OPS=${OPS:-DSA_SPARSE_ATTN DSA_ASQ_SET_ROWS DSA_ASQ_GET_ROWS DSA_INDEXER_MASK LIGHTNING_INDEXER TOP_K}
+OPS=${OPS:-DSA_SPARSE_ATTN DSA_ASQ_SET_ROWS DSA_ASQ_GET_ROWS DSA_INDEXER_MASK LIGHTNING_INDEXER TOP_K DSA_LID_ROPE_TOP_K DSA_KEY_NORM_ROPE_SET_ROWS}
 PPL_CTX=${PPL_CTX:-32768}; PPL_CHUNKS=${PPL_CHUNKS:-2}; PPL_FILE=${PPL_FILE:-lc}
 mkdir -p "$WORK" "$OUT"
 T0=$(date +%s)
@@ -66,11 +66,14 @@ EOF
     local bin; bin=$(dsa backend info --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["build"])')/bin
     echo "| op | passed | failed | not supported on CUDA0 |" > "$WORK/opstest.md"; echo "|---|---:|---:|---:|" >> "$WORK/opstest.md"
     for op in $OPS; do
-      LD_LIBRARY_PATH=$bin timeout "$(left)" "$bin/test-backend-ops" test -b CUDA0 -o "$op" > "$WORK/opstest-$op.txt" 2>&1
-      echo "| $op | $(grep -c ': OK' "$WORK/opstest-$op.txt") | $(grep -c ': FAIL' "$WORK/opstest-$op.txt") |" \
-           "$(grep -c 'not supported' "$WORK/opstest-$op.txt") |" >> "$WORK/opstest.md"
+      # (colour codes stripped; a case line reads "  OP(params): OK | FAIL | not supported [CUDA0]")
+      LD_LIBRARY_PATH=$bin timeout "$(left)" "$bin/test-backend-ops" test -b CUDA0 -o "$op" 2>&1 \
+        | sed 's/\x1b\[[0-9;]*m//g' > "$WORK/opstest-$op.txt"
+      echo "| $op | $(grep -cE '^ +[A-Z_]+\(.*\): OK' "$WORK/opstest-$op.txt") |" \
+           "$(grep -cE '^ +[A-Z_]+\(.*\): FAIL' "$WORK/opstest-$op.txt") | $(grep -c 'not supported' "$WORK/opstest-$op.txt") |" \
+           >> "$WORK/opstest.md"
     done
-    cat "$WORK/opstest.md"; grep -h ': FAIL' "$WORK"/opstest-*.txt | head -20 ;;
+    cat "$WORK/opstest.md"; grep -h ': FAIL' "$WORK"/opstest-*.txt | head -20; true ;;
   retro)
     [ -f "$WORK/$name.gguf" ] && return 0
     dsa convert "$B/shared/models/ref-llama-27m-32k" "$WORK/$name.gguf" ${RETRO_ARGS:---top-k 2048 --cluster-num 32} \
