@@ -12,15 +12,13 @@
 // first k), and the new path replayed from a captured CUDA graph (checks stream-capture compatibility).
 // Where the one-kernel select applies (topk_radix_persist: all of a call's blocks resident at once, e.g. decode rows),
 // it is checked the same way (stream and graph; its scratch filled with garbage before its own memset) and timed
-// (columns 1kern_us, 1kern_graph); its in-kernel-cleaning forms (TOPK_CLEAN_INKERNEL / _PF: no memset; the patch's
-// graph does not launch them) likewise, each on ONE scratch shared by every case of the run (zeroed once at the start,
-// as the patch's per-stream scratch: a case starts from what the previous cases' calls left), stream and graph
-// (columns ik_us, ik_graph, ikpf_us). Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's default for
+// (columns 1kern_us, 1kern_graph); it is a cooperative launch, taken where the device supports those and holds the whole
+// grid at once (topk_radix_persist_blocks_per_sm), as the patch decides. Where the one-cluster select applies (top-k-radix-cluster.cuh, the patch's default for
 // the rows the one-kernel select does not take; rows up to 8 blocks of 1024 threads x 24 keys, 1 or many rows), the same (columns clus_us,
 // clus_graph). Last, a sweep of the one-kernel select for one decode row over its keys per thread (1-16: fewer blocks
 // per row with more keys each; the patch's DSA_TOPK_PERSIST_MIN_EPT), checked and timed. The one-block-per-row select
-// (top-k-radix-rows.cuh: the patch's default for prefill rows since docs/history §4u) in every case, stream and graph,
-// with 512 (the patch's) and with 1024 threads per row, timed (columns rows_us, rows_graph, r1k_us).
+// (top-k-radix-rows.cuh: the patch's default for prefill rows) in every case, stream and graph, timed (columns rows_us,
+// rows_graph).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<dir with top-k-radix.cuh> topk_check.cu -o topk_check && ./topk_check
 //   ./topk_check --quick      (fewer shapes)
@@ -113,10 +111,10 @@ struct OldPath {
 };
 
 static int nsm_global = 0;
-static void * g_ik_scr[2] = {nullptr, nullptr}; // the in-kernel-cleaning forms' scratches (TOPK_CLEAN_INKERNEL, _PF)
+static bool coop_global = false;   // the device takes cooperative launches
 
 struct Result { bool ok; double new_us, old_us, graph_us, persist_us, pgraph_us; bool persist; double clus_us, cgraph_us; bool clus; int ept, pbpr;
-                double rows_us, rgraph_us, r1k_us, ik_us, ikgraph_us, ikpf_us; };
+                double rows_us, rgraph_us; };
 
 // sweep: the one-kernel select only, planned with at least min_ept keys per thread (topk_radix_persist_plan), timed
 static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool sweep = false, int min_ept = 1) {
@@ -173,7 +171,7 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
         return check(what_graph) && ok;
     };
 
-    Result res{true, 0, 0, 0, 0, 0, false, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0};
+    Result res{true, 0, 0, 0, 0, 0, false, 0, 0, false, 0, 0, 0, 0};
     auto run_new = [&] { CK(topk_radix_launch(d_src, d_dst, ncols, nrows, k, bpr, d_scr, s)); };
     cudaGraph_t g; cudaGraphExec_t ge;
     res.ok = check_stream_and_graph("stream", "graph", run_new, &g, &ge);
@@ -182,24 +180,15 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
     int ept = 0, pbpr = 0;
     void * d_pscr = nullptr;
     cudaGraph_t pg = nullptr; cudaGraphExec_t pge = nullptr;
-    auto run_persist = [&] { CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s)); };
-    res.persist = topk_radix_persist_applies(ncols, nrows, nsm_global, &ept, &pbpr, min_ept);
+    auto run_persist = [&] { CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, d_pscr, s, false)); };
+    res.persist = coop_global && topk_radix_persist_plan(ncols, nrows, nsm_global, &ept, &pbpr, min_ept) &&
+                  topk_radix_persist_blocks_per_sm(ept) * nsm_global >= nrows * pbpr;
     res.ept = ept;
     res.pbpr = pbpr;
     if (res.persist) {
         CK(cudaMalloc(&d_pscr, topk_radix_persist_scratch_bytes(nrows, pbpr)));
         CK(cudaMemsetAsync(d_pscr, 0xff, topk_radix_persist_scratch_bytes(nrows, pbpr), s)); // garbage before the memset
         res.ok = check_stream_and_graph("persist", "persist graph", run_persist, &pg, &pge) && res.ok;
-    }
-    // its in-kernel-cleaning forms on the run's shared scratches (plain launches, as the patch makes them)
-    cudaGraph_t ig[2] = {nullptr, nullptr}; cudaGraphExec_t ige[2] = {nullptr, nullptr};
-    auto run_ik = [&](int f) {
-        CK(topk_radix_persist_launch(d_src, d_dst, ncols, nrows, k, ept, pbpr, g_ik_scr[f], s, nsm_global, true,
-                                     f == 0 ? TOPK_CLEAN_INKERNEL : TOPK_CLEAN_INKERNEL_PF));
-    };
-    if (res.persist && nrows <= nsm_global) {
-        res.ok = check_stream_and_graph("inkernel", "inkernel graph", [&] { run_ik(0); }, &ig[0], &ige[0]) && res.ok;
-        res.ok = check_stream_and_graph("inkernel-pf", "inkernel-pf graph", [&] { run_ik(1); }, &ig[1], &ige[1]) && res.ok;
     }
 
     // the one-cluster select, where it applies: same checks, stream and graph
@@ -214,11 +203,8 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
     // the one-block-per-row select: any shape; same checks, stream and graph
     cudaGraph_t rg = nullptr; cudaGraphExec_t rge = nullptr;
     auto run_rows = [&] { CK(topk_radix_rows_launch(d_src, d_dst, ncols, nrows, k, s)); };
-    auto run_r1k  = [&] { CK(topk_radix_rows_launch(d_src, d_dst, ncols, nrows, k, s, 1024)); };
-    cudaGraph_t r1g = nullptr; cudaGraphExec_t r1ge = nullptr;
     if (!sweep) {
         res.ok = check_stream_and_graph("rows", "rows graph", run_rows, &rg, &rge) && res.ok;
-        res.ok = check_stream_and_graph("rows1024", "rows1024 graph", run_r1k, &r1g, &r1ge) && res.ok;
     }
 
     if (timing) {   // no warm-up: every path has run above
@@ -228,11 +214,6 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
         if (res.persist) {
             res.persist_us = time_us(s, 0, reps, run_persist);
             res.pgraph_us  = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(pge, s)); });
-            if (ige[0]) {
-                res.ik_us      = time_us(s, 0, reps, [&] { run_ik(0); });
-                res.ikgraph_us = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(ige[0], s)); });
-                res.ikpf_us    = time_us(s, 0, reps, [&] { run_ik(1); });
-            }
         }
         if (res.clus) {
             res.clus_us   = time_us(s, 0, reps, run_cluster);
@@ -241,7 +222,6 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
         if (!sweep) {
             res.rows_us   = time_us(s, 0, reps, run_rows);
             res.rgraph_us = time_us(s, 0, reps, [&] { CK(cudaGraphLaunch(rge, s)); });
-            res.r1k_us    = time_us(s, 0, reps, run_r1k);
         }
         if (!sweep) {
             OldPath old(ncols, nrows, k);
@@ -251,10 +231,8 @@ static Result run_case(int ncols, int nrows, int k, Kind kind, bool timing, bool
     }
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     if (pge) { CK(cudaGraphExecDestroy(pge)); CK(cudaGraphDestroy(pg)); }
-    for (int f = 0; f < 2; ++f) if (ige[f]) { CK(cudaGraphExecDestroy(ige[f])); CK(cudaGraphDestroy(ig[f])); }
     if (cge) { CK(cudaGraphExecDestroy(cge)); CK(cudaGraphDestroy(cg)); }
     if (rge) { CK(cudaGraphExecDestroy(rge)); CK(cudaGraphDestroy(rg)); }
-    if (r1ge) { CK(cudaGraphExecDestroy(r1ge)); CK(cudaGraphDestroy(r1g)); }
     if (d_pscr) CK(cudaFree(d_pscr));
     CK(cudaStreamDestroy(s));
     CK(cudaFree(d_src)); CK(cudaFree(d_dst)); CK(cudaFree(d_scr));
@@ -267,15 +245,13 @@ int main(int argc, char ** argv) {
     cudaDeviceProp p; CK(cudaGetDeviceProperties(&p, dev));
     nsm_global = p.multiProcessorCount;
     printf("device: %s, %d SMs\n", p.name, nsm_global);
-    for (int f = 0; f < 2; ++f) {
-        CK(cudaMalloc(&g_ik_scr[f], topk_radix_persist_clean_bytes(nsm_global)));
-        CK(cudaMemset(g_ik_scr[f], 0, topk_radix_persist_clean_bytes(nsm_global))); // zeroed once for the whole run
-    }
+    int coop = 0; CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    coop_global = coop != 0;
     if (argc > 3 && std::string(argv[1]) == "--one") {
         // one DSA-like case, checked and timed (e.g. under a profiler: --one NCOLS NROWS)
         Result r = run_case(atoi(argv[2]), atoi(argv[3]), 2048, DSA, true);
-        printf("DSA %s x %s: %s, cluster %.1f us, rows %.1f us, rows1024 %.1f us\n", argv[2], argv[3], r.ok ? "ok" : "FAIL",
-               r.clus_us, r.rows_us, r.r1k_us);
+        printf("DSA %s x %s: %s, cluster %.1f us, rows %.1f us\n", argv[2], argv[3], r.ok ? "ok" : "FAIL",
+               r.clus_us, r.rows_us);
         return r.ok ? 0 : 1;
     }
     bool all_ok = true;
@@ -291,22 +267,21 @@ int main(int argc, char ** argv) {
     for (const E & e : edges) {
         Result r = run_case(e.ncols, e.nrows, e.k, e.kind, false);
         printf("edge  ncols=%6d nrows=%3d k=%5d %-5s : %s%s%s\n", e.ncols, e.nrows, e.k, kind_name(e.kind), r.ok ? "ok" : "FAIL",
-               r.persist ? " (3-kernel and one-kernel + its in-kernel-cleaning forms)" : "", r.clus ? " (+ cluster)" : "");  // (+ rows: always)
+               r.persist ? " (3-kernel and one-kernel)" : "", r.clus ? " (+ cluster)" : "");  // (+ rows: always)
         all_ok &= r.ok;
     }
 
-    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us",
-           "new_us", "graph_us", "speedup", "1kern_us", "1kern_graph", "clus_us", "clus_graph", "rows_us", "rows_graph", "r1k_us",
-           "ik_us", "ik_graph", "ikpf_us");
+    printf("%-6s %-7s %-5s %-5s %-4s %12s %12s %12s %8s %12s %12s %12s %12s %12s %12s\n", "kind", "ncols", "nrows", "k", "ok", "old_us",
+           "new_us", "graph_us", "speedup", "1kern_us", "1kern_graph", "clus_us", "clus_graph", "rows_us", "rows_graph");
     std::vector<int> cols = quick ? std::vector<int>{4096, 65536} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
     for (Kind kind : {DSA, GAUSS, TIES}) {
         for (int nrows : {1, 512}) {
             for (int ncols : cols) {
                 if (kind != DSA && (ncols == 16384 || ncols == 32768)) continue;
                 Result r = run_case(ncols, nrows, 2048, kind, true);
-                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f\n", kind_name(kind),
+                printf("%-6s %-7d %-5d %-5d %-4s %12.1f %12.1f %12.1f %7.1fx %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f\n", kind_name(kind),
                        ncols, nrows, 2048, r.ok ? "ok" : "FAIL", r.old_us, r.new_us, r.graph_us, r.old_us / r.new_us, r.persist_us,
-                       r.pgraph_us, r.clus_us, r.cgraph_us, r.rows_us, r.rgraph_us, r.r1k_us, r.ik_us, r.ikgraph_us, r.ikpf_us);
+                       r.pgraph_us, r.clus_us, r.cgraph_us, r.rows_us, r.rgraph_us);
                 fflush(stdout);
                 all_ok &= r.ok;
             }
