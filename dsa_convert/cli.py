@@ -113,8 +113,14 @@ def convert(
     calib_ctx: Optional[int] = typer.Option(None, "--calib-ctx", help="calibration context (tokens per chunk); default: "
                                             "the model's trained context, capped by memory (the report says)"),
     calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="calibration tokens to train on; default: "
-                                               "65536 up to a 2K context, else 524288 on a GPU, 131072 on a CPU"),
-    steps: Optional[int] = typer.Option(None, help="indexer training steps"),
+                                               "65536 up to a 2K context, else 524288 on a GPU, 65536 on a CPU"),
+    steps: Optional[int] = typer.Option(None, help="indexer training steps per layer and phase; default 400, on a CPU "
+                                        "beyond a 2K calibration context 300"),
+    query_rows: Optional[int] = typer.Option(None, "--query-rows", help="query rows per training step; default 256, on "
+                                             "a CPU beyond 2K 256 x 8192 / calib-ctx (at least 64)"),
+    split_score: Optional[str] = typer.Option(None, "--split-score", help="how sink/local candidates are scored: nll "
+                                              "(held-out sparse forward per candidate) | recall (held-out attention "
+                                              "mass kept); default nll, on a CPU beyond 2K recall"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0, help="random seed"),
     allow_eval_calib: bool = typer.Option(False, "--allow-eval-calib",
@@ -126,7 +132,7 @@ def convert(
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
                     index_share=index_share, index_place=index_place, sink=sink, local=local, select=select,
                     block_size=block_size, residual_bits=residual_bits, calib=calib, steps=steps, ctx=calib_ctx,
-                    calib_tokens=calib_tokens)
+                    calib_tokens=calib_tokens, query_rows=query_rows, split_score=split_score)
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:
         raise typer.BadParameter("--no-dsa cannot be combined with DSA options")
@@ -380,6 +386,9 @@ def bench(
     cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the sweep to these host CPUs, e.g. 0-7 (on a GPU "
                                                             "machine its local cores: nvidia-smi topo -m); every row "
                                                             "records the CPU and NUMA node of its timed decode"),
+    indexer_share: bool = typer.Option(True, "--indexer-share/--no-indexer-share",
+                                       help="time the sparse runs' indexer in a second context (doubles a sparse "
+                                            "run's prefill)"),
     as_json: bool = typer.Option(False, "--json", help="print the list of runs as JSON"),
 ):
     """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""
@@ -390,7 +399,7 @@ def bench(
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
                      kv=kv.lower(), index_keys=_lower(index_keys), batch=batch, threads=threads,
                      flash_attn=flash_attn, force=force, seed=seed, plot=plot, jsonl=jsonl, variants=list(variant),
-                     quiet=as_json, cpus=cpus)
+                     quiet=as_json, cpus=cpus, indexer_share=indexer_share)
     rows = run(file, o)
     if plot is not None:
         write_plot(rows, plot, f"{file.name} ({rows[0].get('device', '?')}, kv {o.kv}, gen {o.gen})")

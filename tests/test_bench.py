@@ -111,11 +111,23 @@ def test_bench_json_sparse_and_dense(tiny, tmp_path):
     assert by[(512, "sparse")]["index_keys"] == "f16" and by[(512, "dense")]["index_keys"] is None
     assert by[(512, "sparse")]["kv_indexer_bytes"] / by[(512, "sparse")]["kv_cells"] == pytest.approx(256, rel=0.05)
     assert "indexer_share_decode_est" in by[(64, "sparse")]
+    assert by[(64, "sparse")]["indexer_only_decode_s"] > 0 and "indexer_share_decode" in by[(64, "sparse")]
+    assert all(x["process_peak_rss_mib"] > 0 for x in rows)
+    assert by[(512, "dense")]["process_peak_rss_mib"] >= by[(64, "sparse")]["process_peak_rss_mib"]  # monotone
     for c in (64, 512):   # sparse ÷ dense of the same sweep, on the sparse rows
         want = by[(c, "sparse")]["decode_tok_s"] / by[(c, "dense")]["decode_tok_s"]
         assert by[(c, "sparse")]["decode_vs_dense"] == pytest.approx(want, rel=1e-3)
         assert "decode_vs_dense" not in by[(c, "dense")]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@requires_backend
+def test_bench_no_indexer_share_skips_the_second_context(tiny):
+    r = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--threads", "1", "--no-indexer-share", "--json")
+    assert r.returncode == 0, r.stderr
+    sp = next(x for x in json.loads(r.stdout) if x["attn"] == "sparse")
+    assert sp["indexer_only_decode_s"] is None and "indexer_share_decode" not in sp
+    assert sp["indexer_share_decode_est"] is not None        # the whole overhead's share needs no second context
 
 
 @requires_backend

@@ -60,23 +60,46 @@ def calib_chunks(path: Path, model_dir: Path, ctx: int, n_chunks: int, bos_id: i
 SHORT_CTX = 2048
 DEFAULT_TOKENS_SHORT = 32 * SHORT_CTX
 DEFAULT_TOKENS_GPU = 1 << 19
-DEFAULT_TOKENS_CPU = 1 << 17
+DEFAULT_TOKENS_CPU = 1 << 16
 MEMORY_SHARE = 0.5          # of the device's free memory that the calibration activations may take
+
+# the training recipe when --steps / --query-rows / --split-score are not given. A step's work is query rows x context
+# (the dense target and the indexer's scores over every key), so on a CPU at long context the recipe keeps the rows x
+# context product of a 2K-row step at 8K and takes fewer steps; the split is then scored by held-out target recall
+# (attention mass the selection keeps, from the first pass's held-out activations) instead of a sparse forward of the
+# held-out chunks per candidate (at 32K on a 2-core CPU, ~2.5 min each)
+STEPS = 400
+QUERY_ROWS = 256
+CPU_LONG_STEPS = 300
+CPU_ROW_KEYS = 256 * 8192   # query rows x context per step on a CPU beyond SHORT_CTX
+MIN_QUERY_ROWS = 64
 
 
 @dataclass
 class CalibPlan:
-    """How much calibration text the retrofit reads, and why (the report states it)."""
+    """How much calibration text the retrofit reads, how long it trains, and why (the report states it)."""
 
     ctx: int                # tokens per chunk: the calibration context
     n_train: int            # chunks the indexers are distilled on
     n_held: int             # held-out chunks (split and layer-placement scores)
     reason: str             # where ctx came from: "given", "model context", or the memory cap that lowered it
     bytes_per_token: int    # activation bytes the retrofit keeps per calibration token (estimate)
+    steps: int = STEPS              # dense warm-up steps per layer
+    sparse_steps: int = STEPS       # sparse-phase steps per layer
+    query_rows: int = QUERY_ROWS    # query rows per step
+    split_score: str = "nll"        # nll: sparse forward of the held-out chunks per candidate | recall: target mass kept
+    recipe: str = "default"         # which defaults applied: "default", "cpu long context", or "given"
 
     @property
     def train_tokens(self) -> int:
         return self.ctx * self.n_train
+
+    def as_report(self) -> dict:
+        return {"ctx": self.ctx, "ctx_source": self.reason, "train_chunks": self.n_train, "held_chunks": self.n_held,
+                "train_tokens": self.train_tokens, "held_tokens": self.n_held * self.ctx,
+                "activation_bytes_per_token": self.bytes_per_token, "steps": self.steps,
+                "sparse_steps": self.sparse_steps, "query_rows": self.query_rows, "split_score": self.split_score,
+                "recipe": self.recipe}
 
 
 def activation_bytes_per_token(n_embd: int, n_head: int, n_head_kv: int, head_dim: int, members: int = 1) -> int:
@@ -99,14 +122,17 @@ def free_memory_bytes(device: str) -> int:
 
 
 def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks: int | None, split_chunks: int | None,
-                     model_ctx: int, bytes_per_token: int, device: str, free_bytes: int | None = None) -> CalibPlan:
+                     model_ctx: int, bytes_per_token: int, device: str, free_bytes: int | None = None,
+                     steps: int | None = None, sparse_steps: int | None = None, query_rows: int | None = None,
+                     split_score: str = "auto") -> CalibPlan:
     """The calibration context and chunk counts: the given values, else the model's trained context and a token budget,
-    lowered (chunks first, then the context) until train + held-out activations fit MEMORY_SHARE of free memory."""
+    lowered (chunks first, then the context) until train + held-out activations fit MEMORY_SHARE of free memory; then
+    the training recipe (given values, else the defaults above for the device and the context)."""
     reason = "given" if ctx is not None else "model context"
     ctx = ctx if ctx is not None else model_ctx
+    on_gpu = str(device).startswith("cuda")
     if calib_tokens is None:
-        calib_tokens = DEFAULT_TOKENS_SHORT if ctx <= SHORT_CTX else (
-            DEFAULT_TOKENS_GPU if str(device).startswith("cuda") else DEFAULT_TOKENS_CPU)
+        calib_tokens = DEFAULT_TOKENS_SHORT if ctx <= SHORT_CTX else (DEFAULT_TOKENS_GPU if on_gpu else DEFAULT_TOKENS_CPU)
     n_train = calib_chunks if calib_chunks is not None else max(1, calib_tokens // ctx)
     held = lambda n: split_chunks if split_chunks is not None else min(4, max(1, round(n / 8)))  # noqa: E731
     budget = MEMORY_SHARE * (free_bytes if free_bytes is not None else free_memory_bytes(device))
@@ -117,4 +143,15 @@ def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks:
         while ctx > SHORT_CTX and not fits(ctx, n_train):
             ctx //= 2
             reason = f"model context {model_ctx} capped to {ctx} by memory ({budget / 2**30:.1f} GiB for activations)"
-    return CalibPlan(ctx=ctx, n_train=n_train, n_held=held(n_train), reason=reason, bytes_per_token=bytes_per_token)
+    cpu_long = not on_gpu and ctx > SHORT_CTX
+    d_steps = CPU_LONG_STEPS if cpu_long else STEPS
+    d_rows = max(MIN_QUERY_ROWS, min(QUERY_ROWS, CPU_ROW_KEYS // ctx)) if cpu_long else QUERY_ROWS
+    d_split = "recall" if cpu_long else "nll"
+    given = steps is not None or sparse_steps is not None or query_rows is not None or split_score != "auto"
+    steps = d_steps if steps is None else steps
+    recipe = "cpu long context" if cpu_long else "default"
+    return CalibPlan(ctx=ctx, n_train=n_train, n_held=held(n_train), reason=reason, bytes_per_token=bytes_per_token,
+                     steps=steps, sparse_steps=steps if sparse_steps is None else sparse_steps,
+                     query_rows=d_rows if query_rows is None else query_rows,
+                     split_score=d_split if split_score == "auto" else split_score,
+                     recipe=f"{recipe}, options given" if given else recipe)

@@ -42,11 +42,13 @@ class DsaConfig:
     calib_tokens: Optional[int] = None  # training tokens (ctx x chunks); None -> 65536 up to a 2K context, else 524288
                                         # on a GPU and 131072 on a CPU (the CPU's time budget)
     calib_chunks: Optional[int] = None  # chunks of ctx tokens to train on; None -> calib_tokens // ctx (at least 1)
-    steps: int = 400                    # dense KL warm-up steps per layer
+    steps: Optional[int] = None         # dense KL warm-up steps per layer; None -> the plan's recipe (calib.py)
     sparse_steps: Optional[int] = None  # sparse-phase KL steps per layer; None -> steps
     sparse_target: str = "middle"       # sparse-phase KL over: middle ([S, t-L], default) | selected (DeepSeek)
     lr: float = 2e-3
-    query_rows: int = 256               # query rows sampled per step (from t >= top_k)
+    query_rows: Optional[int] = None    # query rows sampled per step (from t >= top_k); None -> the plan's recipe
+    split_score: str = "auto"           # how S/L candidates are scored: nll (sparse forward of the held-out chunks) |
+                                        # recall (held-out target mass kept) | auto (the plan's recipe)
     split_chunks: Optional[int] = None  # held-out chunks that score S/L candidates and the layer placement; None ->
                                         # an eighth of the training chunks, 1 to 4
     device: str = "auto"                # auto | cpu | cuda | cuda:N
@@ -82,8 +84,12 @@ class DsaConfig:
             raise BadInputError(f"--residual-bits must be 4 or 8 (got {self.residual_bits})")
         if self.key_space not in ("auto", "pre_rope", "post_rope"):
             raise BadInputError(f"key space must be auto, pre_rope or post_rope (got {self.key_space!r})")
-        if self.steps < 0 or (self.sparse_steps is not None and self.sparse_steps < 0):
+        if (self.steps is not None and self.steps < 0) or (self.sparse_steps is not None and self.sparse_steps < 0):
             raise BadInputError("--steps must be >= 0")
+        if self.query_rows is not None and self.query_rows < 1:
+            raise BadInputError(f"--query-rows must be >= 1 (got {self.query_rows})")
+        if self.split_score not in ("auto", "nll", "recall"):
+            raise BadInputError(f"--split-score must be auto, nll or recall (got {self.split_score!r})")
         if self.sparse_target not in ("selected", "middle"):
             raise BadInputError(f"sparse target must be selected or middle (got {self.sparse_target!r})")
         if self.calib_chunks is not None and self.calib_chunks < 1:
@@ -108,10 +114,6 @@ class DsaConfig:
     @property
     def searches_placement(self) -> bool:
         return self.index_share > 1 and self.index_place == "search"
-
-    @property
-    def n_sparse_steps(self) -> int:
-        return self.steps if self.sparse_steps is None else self.sparse_steps
 
     def resolve_device(self) -> str:
         import torch

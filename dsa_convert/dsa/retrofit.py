@@ -38,9 +38,9 @@ from ..resources import peak_rss_mib
 from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
 from .calib import MEMORY_SHARE, activation_bytes_per_token, calib_chunks, free_memory_bytes, plan_calibration
 from .config import DsaConfig
-from .indexer_train import LayerCalib, TrainLog, eval_kl, init_indexer, train_layer
+from .indexer_train import LayerCalib, TrainLog, eval_heldout, init_indexer, train_layer
 from .placement import choose_full_layers, n_full_layers
-from .split import choose_split
+from .split import choose_split, choose_split_by_recall, split_grid
 
 ProgressFn = Callable[[dict], None]
 FORMAT_VERSION = 1
@@ -199,7 +199,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     plan = plan_calibration(ctx=cfg.ctx, calib_tokens=cfg.calib_tokens, calib_chunks=cfg.calib_chunks,
                             split_chunks=cfg.split_chunks, model_ctx=_model_ctx(model), device=dev,
                             bytes_per_token=activation_bytes_per_token(hp.n_embd, hp.n_head, hp.n_head_kv,
-                                                                       hp.head_dim, members=group))
+                                                                       hp.head_dim, members=group),
+                            steps=cfg.steps, sparse_steps=cfg.sparse_steps, query_rows=cfg.query_rows,
+                            split_score=cfg.split_score)
     ctx, n_train, n_held = plan.ctx, plan.n_train, plan.n_held
     if cfg.top_k >= ctx:
         raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx} "
@@ -210,7 +212,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     pos = torch.arange(ctx, device=model.device)
     emit = progress or (lambda d: None)
     user_split = cfg.sink is not None and cfg.local is not None
-    sparse_steps = cfg.n_sparse_steps
+    sparse_steps = plan.sparse_steps
     log = {il: TrainLog() for il in range(hp.n_layer)}
     # the layers trained: every layer when the placement is searched afterwards (each on its own target)
     types = [True] * hp.n_layer if cfg.searches_placement else cfg.indexer_types(hp.n_layer)
@@ -218,16 +220,14 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     asq_layers: list[LayerAsq] = []
     rep: dict = {"config": cfg.to_dict(), "ctx": ctx, "device": dev, "freq_base": hp.rope.base,
                  "calib_tokens": int(tokens.numel()),
-                 "calibration": {"ctx": ctx, "ctx_source": plan.reason, "train_chunks": n_train, "held_chunks": n_held,
-                                 "train_tokens": plan.train_tokens, "held_tokens": n_held * ctx,
-                                 "activation_bytes_per_token": plan.bytes_per_token},
+                 "calibration": plan.as_report(),
                  "layers": {}}
     if dev.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     per_chunk = max(1, math.ceil(cfg.asq_samples / max(1, n_train)))
 
     def kw(il: int) -> dict:
-        return dict(top_k=cfg.top_k, lr=cfg.lr, query_rows=cfg.query_rows, seed=cfg.seed, device=dev,
+        return dict(top_k=cfg.top_k, lr=cfg.lr, query_rows=plan.query_rows, seed=cfg.seed, device=dev,
                     select=cfg.select, block_size=cfg.block_size, sparse_target=cfg.sparse_target, layer=il,
                     progress=emit, log=log[il])
 
@@ -239,6 +239,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     rep["calibration"]["sparse_phase_data"] = ("kept from the first pass" if kept is not None else
                                                "recomputed" if pass_b else "none")
     t_asq = 0.0
+    grid = [] if user_split else split_grid(cfg.top_k, cfg.sink, cfg.select, cfg.block_size)
+    recall: dict[int, dict] = {}
     spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
     rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
     for il, end in _groups(types):
@@ -247,12 +249,15 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         data, held, h = _group_pass(model, il, end, h, pos, n_train, samplers)
         w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
                          cfg.seed + il)
-        w = train_layer(data, w, steps=cfg.steps, phase="dense", **kw(il))
+        w = train_layer(data, w, steps=plan.steps, phase="dense", **kw(il))
         if user_split:
             w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
         indexers[il] = w
-        if held is not None:
-            rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(held, w, cfg.top_k, device=dev)["kl"]
+        ev = eval_heldout(held if held is not None else data, w, cfg.top_k, grid, cfg.select, cfg.block_size,
+                          device=dev)
+        recall[il] = ev["recall"]
+        rep["layers"].setdefault(il, {})["heldout_kl_dense_phase" if held is not None else "train_kl_dense_phase"] = \
+            ev["kl"]
         if kept is not None:
             kept[il] = data
         del data, held
@@ -270,9 +275,14 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     if user_split:
         sink, local, split_source = cfg.sink, cfg.local, "user"
     else:
-        sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink,
-                                         select=cfg.select, block_size=cfg.block_size, progress=emit,
-                                         indexer_types=types)
+        by_recall = choose_split_by_recall(recall)
+        if plan.split_score == "recall":
+            sink, local, srep = by_recall
+        else:
+            sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink,
+                                             select=cfg.select, block_size=cfg.block_size, progress=emit,
+                                             indexer_types=types)
+            srep["by_recall"] = {"sink": by_recall[0], "local": by_recall[1], "candidates": by_recall[2]["candidates"]}
         rep["split"] = srep
         split_source = "calibrated"
         if sparse_steps > 0:

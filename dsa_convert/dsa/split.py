@@ -4,6 +4,10 @@ The loss is the mean next-token NLL over held-out calibration positions t >= top
 positions attend densely and do not depend on the split), with the sparse model (trained indexers)
 running in every layer. Search: local L over fractions of K at a starting sink, then the sink at the
 best L. Every candidate and its loss is recorded in the report.
+
+``choose_split_by_recall`` is the cheap score (the CPU's default at long context, calib.py): every (S, L) of the
+same candidate grid, scored by the held-out dense-target mass its selection keeps, averaged over the layers
+(indexer_train.eval_heldout, on the first pass's held-out activations): no forward of the model per candidate.
 """
 from __future__ import annotations
 
@@ -49,6 +53,29 @@ def local_candidates(top_k: int, sink: int, select: str = "token", block_size: i
     return out
 
 
+def split_grid(top_k: int, sink: Optional[int], select: str = "token", block_size: int = 64) -> list[tuple[int, int]]:
+    """Every (S, L) candidate: the given sink (or each of SINK_CANDIDATES and the NLL search's start, 4) with each
+    local window of local_candidates."""
+    sinks = [sink] if sink is not None else sorted({4, *SINK_CANDIDATES})
+    return [(S, L) for S in sinks if S < top_k for L in local_candidates(top_k, S, select, block_size)
+            if S + L <= top_k]
+
+
+def choose_split_by_recall(recall: dict[int, dict[tuple[int, int], float]]) -> tuple[int, int, dict]:
+    """(sink, local, report) keeping the most held-out target mass on average over the layers (recall: layer ->
+    (S, L) -> mass); ties go to the smaller window (the candidates in grid order)."""
+    layers = sorted(recall)
+    if not layers:
+        raise ValueError("no held-out recall to choose a split from")
+    grid = list(recall[layers[0]])
+    mean = {sl: sum(recall[il][sl] for il in layers) / len(layers) for sl in grid}
+    best = max(grid, key=lambda sl: mean[sl])
+    table = [{"sink": S, "local": L, "recall": mean[(S, L)],
+              "recall_by_layer": {il: recall[il][(S, L)] for il in layers}} for S, L in grid]
+    return best[0], best[1], {"score": "recall", "candidates": table, "sink": best[0], "local": best[1],
+                              "best_recall": mean[best]}
+
+
 def choose_split(model, tokens: torch.Tensor, indexers: dict, *, top_k: int, sink: Optional[int],
                  select: str = "token", block_size: int = 64,
                  progress: Optional[Callable[[dict], None]] = None,
@@ -82,7 +109,7 @@ def choose_split(model, tokens: torch.Tensor, indexers: dict, *, top_k: int, sin
                 score(S, best_L)
         best_S = min((s for (s, L) in cache if L == best_L), key=lambda s: cache[(s, best_L)])
     dense_nll = calib_nll(model, tokens, None, start)
-    report = {"candidates": table, "sink": best_S, "local": best_L, "dense_nll": dense_nll,
+    report = {"score": "nll", "candidates": table, "sink": best_S, "local": best_L, "dense_nll": dense_nll,
               "dense_ppl": math.exp(dense_nll), "best_ppl": math.exp(cache[(best_S, best_L)]),
               "positions_from": start, "chunks": int(tokens.shape[0]), "seconds": time.time() - t0}
     return best_S, best_L, report

@@ -18,6 +18,8 @@ and top-k, but attends densely): `indexer_decode_ms_per_tok` = that context's de
 same ctx, `indexer_share_decode` = it / the sparse decode time. The rest of the sparse overhead is the selection
 mask and the gather. `indexer_share_*_est` = 1 - t_dense / t_sparse is the whole sparse overhead's share (indexer,
 top-k, mask, gather), prefill and decode.
+`--no-indexer-share` skips that second context (no indexer_* fields). `process_peak_rss_mib`: the process's peak RSS
+when the row finished (monotone over a sweep: run one attention mode and cache type per process to compare them).
 Host time: the timed contexts are created with LLAMA_DSA_HOST_TIMING=1; the patch logs, per single-token decode, the
 host µs of cache apply + graph build/reuse, of writing the inputs (masks, positions) and of launching the graph
 (`host_us_per_decode_token`; on a GPU the launch is asynchronous, on the CPU it is the whole compute). The table's
@@ -57,6 +59,7 @@ from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
 from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, open_model
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
+from ..resources import peak_rss_mib
 from ..progress import task
 from . import host_cpu
 from .perplexity_llamacpp import dsa_overrides
@@ -90,6 +93,8 @@ class BenchOptions:
     variants: list[str] = field(default_factory=list)   # LLAMA_DSA_NAME=VALUE: one more sparse run per ctx each
     quiet: bool = False
     cpus: str | None = None           # pin the sweep (and its variant processes) to these host CPUs (host_cpu.py)
+    indexer_share: bool = True        # time the sparse runs' indexer in a second context (INDEXER_ONLY); on a CPU at
+                                      # long context that context's prefill is most of the sweep
 
 
 @dataclass
@@ -316,7 +321,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
     with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of every ubatch
         m = _timed_context(lc, path, ctx_len, attn, o, fi)
     indexer_only_s = None
-    if attn == "sparse":              # a second context: the same steps with the selection computed but dense attention
+    if attn == "sparse" and o.indexer_share:   # a second context: the same steps, the selection computed, dense attention
         with _patch_switch("LLAMA_DSA_INDEXER_ONLY", "1"):
             indexer_only_s = _timed_context(lc, path, ctx_len, attn, o, fi)["decode_s"]
     kv, perf, pre = m["kv"], m["perf"], m["prefill_perf"]
@@ -343,6 +348,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
         "flash_attn": o.flash_attn, "batch": o.batch, "threads": m["threads"], "load_s": round(m["load_s"], 3),
+        "process_peak_rss_mib": round(peak_rss_mib(), 1),
         "variant": variant, "pid": os.getpid(), "host_cpu": m["host_cpu"],
         "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)},
         "file": str(path),

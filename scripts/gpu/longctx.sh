@@ -22,8 +22,8 @@
 #                               F16 on the same tokens); sparse with the ASQ cache and --kld
 #   passkey:NAME                llama-passkey (upstream's client) dense and sparse at 16K and 32K, 3 depths
 #   split:NAME                  WORK/NAME.gguf into OUT/NAME.gguf.partNN (15 MiB each; `cat` joins them)
-# NEEDLE_LENGTHS / NEEDLE_DEPTHS / NGL / PPL_CHUNKS: the grid, the layers offloaded, the WikiText-2 chunks of a ppl
-# step (defaults 4096,...,32768 / 10 / 999 / 4).
+# NEEDLE_LENGTHS / NEEDLE_DEPTHS / NGL / PPL_CHUNKS / PPL_MODES: the grid, the layers offloaded, the WikiText-2 chunks
+# of a ppl step, its runs (defaults 4096,...,32768 / 10 / 999 / 4 / dense,sparse,local,sparse-asq).
 # LIMIT: seconds for the whole call (default 570); a step gets what is left, and the results are packed into
 # OUT/longctx.tgz at the end in every case. WORK defaults to /tmp/lc (kept while the machine stays warm).
 set -uo pipefail
@@ -32,6 +32,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 WORK=${WORK:-/tmp/lc}; OUT=${OUT:-$WORK/out}; LIMIT=${LIMIT:-570}
 NEEDLE_LENGTHS=${NEEDLE_LENGTHS:-4096,8192,16384,32768}; NEEDLE_DEPTHS=${NEEDLE_DEPTHS:-10}; NGL=${NGL:-999}; PPL_CHUNKS=${PPL_CHUNKS:-4}
+PPL_MODES=${PPL_MODES:-dense,sparse,local,sparse-asq}
 mkdir -p "$WORK" "$OUT"
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) - 20 )); }
@@ -83,8 +84,10 @@ PY
     python3 scripts/needle_summary.py "$WORK/needle-$name-$task-$tag-f16.json" "$WORK/needle-$name-$task-$tag-asq.json" ;;
   ppl)
     local ctx=$x
+    local modes=${PPL_MODES:-dense,sparse,local,sparse-asq} v
     for v in "dense f16" "sparse f16 --kld" "local f16 --kld" "sparse asq --kld"; do
       set -- $v
+      [[ ",$modes," == *",$1$([ "$2" = asq ] && echo -asq),"* ]] || continue
       local f="$WORK/ppl-$name-$ctx-$1-$2.json"
       [ -s "$f" ] || dsa eval "$WORK/$name.gguf" --ppl wikitext2 --ctx "$ctx" --chunks "$PPL_CHUNKS" --attn "$1" --kv "$2" "${@:3}" \
         --flash-attn --n-gpu-layers "$NGL" --json > "$f" || { rm -f "$f"; continue; }
@@ -106,7 +109,7 @@ PY
 }
 
 export -f run_step args dsa stamp
-export B WORK OUT MODEL CALIB T0 NEEDLE_LENGTHS NEEDLE_DEPTHS NGL PPL_CHUNKS
+export B WORK OUT MODEL CALIB T0 NEEDLE_LENGTHS NEEDLE_DEPTHS NGL PPL_CHUNKS PPL_MODES
 bgpids=()
 for step in ${STEPS:?set STEPS}; do
   t=$(left)
