@@ -86,6 +86,9 @@ def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
+_RECIPE = "; default: the retrofit recipe for the device and context (docs/CLI.md)"
+
+
 @app.command()
 @guarded
 def convert(
@@ -114,59 +117,31 @@ def convert(
                                             "the model's trained context, capped by memory (the report says)"),
     calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="calibration tokens to train on; default: "
                                                "65536 up to a 2K context, else 524288 on a GPU, 65536 on a CPU"),
-    steps: Optional[int] = typer.Option(None, help="indexer training steps per layer and phase; default 400, on a CPU "
-                                        "beyond a 2K calibration context 300"),
-    query_rows: Optional[int] = typer.Option(None, "--query-rows", help="query rows per training step; default 256, on "
-                                             "a CPU beyond 2K 256 x 8192 / calib-ctx (at least 64)"),
-    split_score: Optional[str] = typer.Option(None, "--split-score", help="how sink/local candidates are scored: nll "
-                                              "(held-out sparse forward per candidate) | recall (held-out attention "
-                                              "mass kept); default nll, on a CPU beyond 2K recall"),
+    steps: Optional[int] = typer.Option(None, help="indexer training steps per layer and phase" + _RECIPE),
+    query_rows: Optional[int] = typer.Option(None, "--query-rows", help="query rows per training step" + _RECIPE),
+    split_search: Optional[str] = typer.Option(None, "--split-search", help="full | coarse sink/local search" + _RECIPE),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0, help="random seed"),
     allow_eval_calib: bool = typer.Option(False, "--allow-eval-calib",
                                           help="allow calibration text identical to the evaluation text"),
 ):
     """Convert a HuggingFace checkpoint to GGUF; any DSA option (--cluster-num, --top-k, ...) adds the sparse-attention retrofit."""
-    from .convert import ConvertOptions, convert as run
+    from .convert import ConvertOptions, convert as run, dsa_config
 
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
                     index_share=index_share, index_place=index_place, sink=sink, local=local, select=select,
                     block_size=block_size, residual_bits=residual_bits, calib=calib, steps=steps, ctx=calib_ctx,
-                    calib_tokens=calib_tokens, query_rows=query_rows, split_score=split_score)
+                    calib_tokens=calib_tokens, query_rows=query_rows, split_search=split_search)
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:
         raise typer.BadParameter("--no-dsa cannot be combined with DSA options")
-    dsa_cfg = _dsa_config(dsa_opts, device, seed, allow_eval_calib) if wants_dsa else None
+    dsa_cfg = dsa_config(dsa_opts, device, seed, allow_eval_calib) if wants_dsa else None
     res = run(ConvertOptions(model_dir, out, outtype=outtype, force=force, quiet=as_json, dsa=dsa_cfg))
     if as_json:
         emit_json(res)
     else:
         print(f"wrote {res['output']} ({res['bytes'] / 2**20:.1f} MiB, {res['tensors']} tensors, "
               f"{res['seconds']:.1f} s, peak RSS {res['peak_rss_mib']:.0f} MiB)", file=sys.stderr)
-
-
-def _dsa_config(opts: dict, device: str, seed: int, allow_eval_calib: bool):
-    """DsaConfig from CLI options; refuses calibration text identical to the evaluation text."""
-    import hashlib
-
-    from .dsa.config import DsaConfig
-    from .errors import BadInputError
-    from .eval.data import candidates
-
-    kw = {k: v for k, v in opts.items() if v is not None}
-    if "calib" not in kw:
-        from .eval.data import _REPO
-
-        kw["calib"] = _REPO.parent / "shared" / "data" / "calib" / "books-calib.txt"
-    cfg = DsaConfig(**kw, device=device, seed=seed).validate()
-    if not allow_eval_calib:
-        digest = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
-        mine = digest(cfg.calib)
-        for c in candidates("wikitext2"):
-            if c.is_file() and digest(c) == mine:
-                raise BadInputError(f"calibration text {cfg.calib} is the evaluation text ({c}); "
-                                    "use disjoint text or pass --allow-eval-calib")
-    return cfg
 
 
 @app.command("eval")
@@ -387,8 +362,7 @@ def bench(
                                                             "machine its local cores: nvidia-smi topo -m); every row "
                                                             "records the CPU and NUMA node of its timed decode"),
     indexer_share: bool = typer.Option(True, "--indexer-share/--no-indexer-share",
-                                       help="time the sparse runs' indexer in a second context (doubles a sparse "
-                                            "run's prefill)"),
+                                       help="time the sparse runs' indexer in a second context (a second prefill)"),
     as_json: bool = typer.Option(False, "--json", help="print the list of runs as JSON"),
 ):
     """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""

@@ -73,3 +73,26 @@ def convert(opts: ConvertOptions) -> dict:
         "seconds": round(time.perf_counter() - t0, 3), **peak_resources(),
         "dsa": opts.dsa is not None, **report,
     }
+
+
+def dsa_config(opts: dict, device: str, seed: int, allow_eval_calib: bool):
+    """DsaConfig from CLI options; refuses calibration text identical to the evaluation text."""
+    import hashlib
+
+    from .dsa.config import DsaConfig
+    from .eval.data import candidates
+
+    kw = {k: v for k, v in opts.items() if v is not None}
+    if "calib" not in kw:
+        from .eval.data import _REPO
+
+        kw["calib"] = _REPO.parent / "shared" / "data" / "calib" / "books-calib.txt"
+    cfg = DsaConfig(**kw, device=device, seed=seed).validate()
+    if not allow_eval_calib:
+        digest = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
+        mine = digest(cfg.calib)
+        for c in candidates("wikitext2"):
+            if c.is_file() and digest(c) == mine:
+                raise BadInputError(f"calibration text {cfg.calib} is the evaluation text ({c}); "
+                                    "use disjoint text or pass --allow-eval-calib")
+    return cfg

@@ -103,58 +103,43 @@ def test_plan_recipe_by_device_and_context():
               bytes_per_token=6656, free_bytes=64 << 30)
     cpu = plan_calibration(device="cpu", **kw)
     assert (cpu.ctx, cpu.n_train, cpu.n_held) == (32768, 2, 1)
-    assert (cpu.steps, cpu.sparse_steps, cpu.query_rows, cpu.split_score) == (300, 300, 64, "recall")
+    assert (cpu.steps, cpu.sparse_steps, cpu.query_rows, cpu.split_search) == (300, 300, 64, "coarse")
     assert cpu.recipe == "cpu long context"
     gpu = plan_calibration(device="cuda", **kw)
-    assert (gpu.n_train, gpu.steps, gpu.query_rows, gpu.split_score, gpu.recipe) == (16, 400, 256, "nll", "default")
+    assert (gpu.n_train, gpu.steps, gpu.query_rows, gpu.split_search, gpu.recipe) == (16, 400, 256, "full", "default")
     assert plan_calibration(device="cpu", **{**kw, "model_ctx": 16384}).query_rows == 128
     short = plan_calibration(device="cpu", **{**kw, "model_ctx": 2048})
-    assert (short.n_train, short.steps, short.query_rows, short.split_score) == (32, 400, 256, "nll")
-    given = plan_calibration(device="cpu", steps=10, query_rows=32, split_score="nll", **kw)
-    assert (given.steps, given.sparse_steps, given.query_rows, given.split_score) == (10, 10, 32, "nll")
+    assert (short.n_train, short.steps, short.query_rows, short.split_search) == (32, 400, 256, "full")
+    given = plan_calibration(device="cpu", steps=10, query_rows=32, split_search="full", **kw)
+    assert (given.steps, given.sparse_steps, given.query_rows, given.split_search) == (10, 10, 32, "full")
     assert given.recipe == "cpu long context, options given"
     assert given.as_report()["query_rows"] == 32
 
 
-def test_heldout_recall_of_a_local_window_is_the_target_mass_it_covers(tiny_llama):
-    """eval_heldout's recall against a hand count: with S = 0 and L = top_k the selection is the last top_k keys of
-    each row, so the recall is the dense target's mass on them."""
-    from dsa_convert.dsa.indexer_train import LayerCalib, dense_target, eval_heldout, init_indexer
+def test_heldout_kl_averages_over_the_chunks_it_has():
+    """One held-out chunk given two to average over: the KL is that chunk's, not half of it."""
+    from dsa_convert.dsa.indexer_train import LayerCalib, eval_kl, init_indexer
     g = torch.Generator().manual_seed(0)
-    T, K = 96, 16
-    data = LayerCalib(torch.randn(1, T, 32, generator=g), torch.randn(1, 4, T, 8, generator=g),
-                      torch.randn(1, 2, T, 8, generator=g), 0.35)
+    T = 96
+    one = LayerCalib(torch.randn(1, T, 32, generator=g), torch.randn(1, 4, T, 8, generator=g),
+                     torch.randn(1, 2, T, 8, generator=g), 0.35)
+    two = LayerCalib(one.x.repeat(2, 1, 1), one.q.repeat(2, 1, 1, 1), one.k.repeat(2, 1, 1, 1), 0.35)
     w = init_indexer(32, 2, 8, 4, 1e-6, 10000.0, 0)
-    ev = eval_heldout(data, w, K, ((0, K), (1, 7)), rows_n=40)
-    rows = torch.linspace(K, T - 1, 40).long()
-    tgt = dense_target(data.q[0], data.k[0], rows, data.scale)
-    pos = torch.arange(T)[None, :]
-    window = (pos <= rows[:, None]) & (pos > rows[:, None] - K)
-    assert ev["recall"][(0, K)] == pytest.approx(float((tgt * window).sum(-1).mean()), rel=1e-5)
-    assert 0.0 < ev["recall"][(1, 7)] <= 1.0 + 1e-6 and ev["kl"] > 0
+    kl1, kl2 = eval_kl(one, w, 16, chunks=2)["kl"], eval_kl(two, w, 16, chunks=2)["kl"]
+    assert kl1 > 0 and kl1 == pytest.approx(kl2, rel=1e-6)
 
 
-def test_choose_split_by_recall_takes_the_best_mean_over_layers():
-    from dsa_convert.dsa.split import choose_split_by_recall, split_grid
-    grid = split_grid(64, None)
-    assert (4, 32) in grid and all(S + L <= 64 for S, L in grid)
-    rec = {0: {sl: 0.5 for sl in grid}, 1: {sl: 0.5 for sl in grid}}
-    rec[0][(16, 8)], rec[1][(16, 8)] = 0.9, 0.2          # better in one layer, worse on average
-    rec[0][(1, 56)], rec[1][(1, 56)] = 0.6, 0.6
-    S, L, rep = choose_split_by_recall(rec)
-    assert (S, L) == (1, 56) and rep["best_recall"] == pytest.approx(0.6) and rep["score"] == "recall"
-
-
-def test_retrofit_scores_the_split_by_recall(tiny_llama, calib_file):
+def test_retrofit_coarse_split_search(tiny_llama, calib_file):
     from dsa_convert.dsa.retrofit import run_retrofit
     cfg = DsaConfig(top_k=16, calib=calib_file, ctx=64, calib_chunks=2, split_chunks=1, steps=3, query_rows=16,
-                    index_heads=2, index_dim=8, rope_dim=4, cluster_num=None, split_score="recall")
+                    index_heads=2, index_dim=8, rope_dim=4, cluster_num=None, split_search="coarse")
     res = run_retrofit(tiny_llama, cfg)
     sp, cal = res.report["split"], res.report["calibration"]
-    assert sp["score"] == "recall" and cal["split_score"] == "recall" and cal["query_rows"] == 16
-    best = max(c["recall"] for c in sp["candidates"])
-    assert (res.report["sink"], res.report["local"]) == (sp["sink"], sp["local"])
-    assert sp["best_recall"] == best and 0.0 < best <= 1.0 + 1e-6
-    assert set(sp["candidates"][0]["recall_by_layer"]) == {0, 1}
-    with pytest.raises(BadInputError, match="split-score"):
-        DsaConfig(calib=calib_file, split_score="ppl").validate()
+    assert sp["search"] == "coarse" and cal["split_search"] == "coarse" and cal["query_rows"] == 16
+    # local 8 and 12 (0.875 x 16, capped at top-k - sink) at sink 4, then sink 1 at the better one; no dense forward
+    assert [(c["sink"], c["local"]) for c in sp["candidates"]][:2] == [(4, 8), (4, 12)]
+    assert len(sp["candidates"]) == 3 and sp["candidates"][2]["sink"] == 1 and sp["dense_nll"] is None
+    best = min(sp["candidates"], key=lambda c: c["nll"])
+    assert (res.report["sink"], res.report["local"]) == (best["sink"], best["local"])
+    with pytest.raises(BadInputError, match="split-search"):
+        DsaConfig(calib=calib_file, split_search="recall").validate()

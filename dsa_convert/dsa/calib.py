@@ -63,11 +63,10 @@ DEFAULT_TOKENS_GPU = 1 << 19
 DEFAULT_TOKENS_CPU = 1 << 16
 MEMORY_SHARE = 0.5          # of the device's free memory that the calibration activations may take
 
-# the training recipe when --steps / --query-rows / --split-score are not given. A step's work is query rows x context
+# the training recipe when --steps / --query-rows / --split-search are not given. A step's work is query rows x context
 # (the dense target and the indexer's scores over every key), so on a CPU at long context the recipe keeps the rows x
-# context product of a 2K-row step at 8K and takes fewer steps; the split is then scored by held-out target recall
-# (attention mass the selection keeps, from the first pass's held-out activations) instead of a sparse forward of the
-# held-out chunks per candidate (at 32K on a 2-core CPU, ~2.5 min each)
+# context product of a 256-row step at 8K and takes fewer steps, and the split search is the coarse one (split.py: 3
+# sparse forwards of the held-out chunk instead of 9; at 32K on a 2-core CPU each takes ~2.5 min)
 STEPS = 400
 QUERY_ROWS = 256
 CPU_LONG_STEPS = 300
@@ -87,7 +86,7 @@ class CalibPlan:
     steps: int = STEPS              # dense warm-up steps per layer
     sparse_steps: int = STEPS       # sparse-phase steps per layer
     query_rows: int = QUERY_ROWS    # query rows per step
-    split_score: str = "nll"        # nll: sparse forward of the held-out chunks per candidate | recall: target mass kept
+    split_search: str = "full"      # full | coarse: the split candidates scored (split.py)
     recipe: str = "default"         # which defaults applied: "default", "cpu long context", or "given"
 
     @property
@@ -98,7 +97,7 @@ class CalibPlan:
         return {"ctx": self.ctx, "ctx_source": self.reason, "train_chunks": self.n_train, "held_chunks": self.n_held,
                 "train_tokens": self.train_tokens, "held_tokens": self.n_held * self.ctx,
                 "activation_bytes_per_token": self.bytes_per_token, "steps": self.steps,
-                "sparse_steps": self.sparse_steps, "query_rows": self.query_rows, "split_score": self.split_score,
+                "sparse_steps": self.sparse_steps, "query_rows": self.query_rows, "split_search": self.split_search,
                 "recipe": self.recipe}
 
 
@@ -124,7 +123,7 @@ def free_memory_bytes(device: str) -> int:
 def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks: int | None, split_chunks: int | None,
                      model_ctx: int, bytes_per_token: int, device: str, free_bytes: int | None = None,
                      steps: int | None = None, sparse_steps: int | None = None, query_rows: int | None = None,
-                     split_score: str = "auto") -> CalibPlan:
+                     split_search: str = "auto") -> CalibPlan:
     """The calibration context and chunk counts: the given values, else the model's trained context and a token budget,
     lowered (chunks first, then the context) until train + held-out activations fit MEMORY_SHARE of free memory; then
     the training recipe (given values, else the defaults above for the device and the context)."""
@@ -146,12 +145,12 @@ def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks:
     cpu_long = not on_gpu and ctx > SHORT_CTX
     d_steps = CPU_LONG_STEPS if cpu_long else STEPS
     d_rows = max(MIN_QUERY_ROWS, min(QUERY_ROWS, CPU_ROW_KEYS // ctx)) if cpu_long else QUERY_ROWS
-    d_split = "recall" if cpu_long else "nll"
-    given = steps is not None or sparse_steps is not None or query_rows is not None or split_score != "auto"
+    d_split = "coarse" if cpu_long else "full"
+    given = steps is not None or sparse_steps is not None or query_rows is not None or split_search != "auto"
     steps = d_steps if steps is None else steps
     recipe = "cpu long context" if cpu_long else "default"
     return CalibPlan(ctx=ctx, n_train=n_train, n_held=held(n_train), reason=reason, bytes_per_token=bytes_per_token,
                      steps=steps, sparse_steps=steps if sparse_steps is None else sparse_steps,
                      query_rows=d_rows if query_rows is None else query_rows,
-                     split_score=d_split if split_score == "auto" else split_score,
+                     split_search=d_split if split_search == "auto" else split_search,
                      recipe=f"{recipe}, options given" if given else recipe)

@@ -47,8 +47,8 @@ class DsaConfig:
     sparse_target: str = "middle"       # sparse-phase KL over: middle ([S, t-L], default) | selected (DeepSeek)
     lr: float = 2e-3
     query_rows: Optional[int] = None    # query rows sampled per step (from t >= top_k); None -> the plan's recipe
-    split_score: str = "auto"           # how S/L candidates are scored: nll (sparse forward of the held-out chunks) |
-                                        # recall (held-out target mass kept) | auto (the plan's recipe)
+    split_search: str = "auto"          # S/L candidates scored by held-out NLL: full (9 sparse forwards) | coarse (3) |
+                                        # auto (the plan's recipe; split.py)
     split_chunks: Optional[int] = None  # held-out chunks that score S/L candidates and the layer placement; None ->
                                         # an eighth of the training chunks, 1 to 4
     device: str = "auto"                # auto | cpu | cuda | cuda:N
@@ -88,8 +88,8 @@ class DsaConfig:
             raise BadInputError("--steps must be >= 0")
         if self.query_rows is not None and self.query_rows < 1:
             raise BadInputError(f"--query-rows must be >= 1 (got {self.query_rows})")
-        if self.split_score not in ("auto", "nll", "recall"):
-            raise BadInputError(f"--split-score must be auto, nll or recall (got {self.split_score!r})")
+        if self.split_search not in ("auto", "full", "coarse"):
+            raise BadInputError(f"--split-search must be auto, full or coarse (got {self.split_search!r})")
         if self.sparse_target not in ("selected", "middle"):
             raise BadInputError(f"sparse target must be selected or middle (got {self.sparse_target!r})")
         if self.calib_chunks is not None and self.calib_chunks < 1:

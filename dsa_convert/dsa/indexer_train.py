@@ -156,16 +156,14 @@ def train_layer(data: LayerCalib, w0: IndexerWeights, *, steps: int, top_k: int,
 
 
 @torch.no_grad()
-def eval_heldout(data: LayerCalib, w: IndexerWeights, top_k: int, splits: tuple[tuple[int, int], ...] = (),
-                 select: str = "token", block_size: int = 64, rows_n: int = 256, device: str = "cpu",
-                 chunks: int = 2) -> dict:
-    """Held-out diagnostics on ``rows_n`` query rows spread over [top_k, T): the dense-phase KL, and for each (sink,
-    local) split the target mass its selection keeps, averaged over the rows ("recall": 1.0 = the selected keys hold
-    all of the layer's dense attention)."""
+def eval_kl(data: LayerCalib, w: IndexerWeights, top_k: int, rows_n: int = 256, device: str = "cpu",
+            chunks: int = 2) -> dict:
+    """Held-out diagnostic: the dense-phase KL on ``rows_n`` query rows spread over [top_k, T), averaged over the first
+    ``chunks`` chunks of ``data`` (as many as it has)."""
     dev = torch.device(device)
     T = data.x.shape[1]
     n_chunks = min(chunks, data.x.shape[0])
-    out = {"kl": 0.0, "recall": {sl: 0.0 for sl in splits}}
+    out = {"kl": 0.0}
     lo = min(top_k, T - 1)
     rows = torch.linspace(lo, T - 1, min(rows_n, T - lo)).long().to(dev)
     wd = w.to(torch.float32, dev)
@@ -174,7 +172,4 @@ def eval_heldout(data: LayerCalib, w: IndexerWeights, top_k: int, splits: tuple[
         sc = _row_scores(wd, data.x[n].to(dev, torch.float32), rows, torch.arange(T, device=dev))
         causal = torch.arange(T, device=dev)[None, :] <= rows[:, None]
         out["kl"] += float(kl_loss(tgt, sc, causal)) / n_chunks
-        for sink, local in splits:
-            keep = select_keys(sc, top_k, sink, local, select, block_size, row0=rows)
-            out["recall"][(sink, local)] += float((tgt * keep).sum(-1).mean()) / n_chunks
     return out

@@ -38,9 +38,9 @@ from ..resources import peak_rss_mib
 from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
 from .calib import MEMORY_SHARE, activation_bytes_per_token, calib_chunks, free_memory_bytes, plan_calibration
 from .config import DsaConfig
-from .indexer_train import LayerCalib, TrainLog, eval_heldout, init_indexer, train_layer
+from .indexer_train import LayerCalib, TrainLog, eval_kl, init_indexer, train_layer
 from .placement import choose_full_layers, n_full_layers
-from .split import choose_split, choose_split_by_recall, split_grid
+from .split import choose_split
 
 ProgressFn = Callable[[dict], None]
 FORMAT_VERSION = 1
@@ -201,7 +201,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                             bytes_per_token=activation_bytes_per_token(hp.n_embd, hp.n_head, hp.n_head_kv,
                                                                        hp.head_dim, members=group),
                             steps=cfg.steps, sparse_steps=cfg.sparse_steps, query_rows=cfg.query_rows,
-                            split_score=cfg.split_score)
+                            split_search=cfg.split_search)
     ctx, n_train, n_held = plan.ctx, plan.n_train, plan.n_held
     if cfg.top_k >= ctx:
         raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx} "
@@ -239,8 +239,6 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     rep["calibration"]["sparse_phase_data"] = ("kept from the first pass" if kept is not None else
                                                "recomputed" if pass_b else "none")
     t_asq = 0.0
-    grid = [] if user_split else split_grid(cfg.top_k, cfg.sink, cfg.select, cfg.block_size)
-    recall: dict[int, dict] = {}
     spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
     rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
     for il, end in _groups(types):
@@ -253,11 +251,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         if user_split:
             w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
         indexers[il] = w
-        ev = eval_heldout(held if held is not None else data, w, cfg.top_k, grid, cfg.select, cfg.block_size,
-                          device=dev)
-        recall[il] = ev["recall"]
-        rep["layers"].setdefault(il, {})["heldout_kl_dense_phase" if held is not None else "train_kl_dense_phase"] = \
-            ev["kl"]
+        if held is not None:
+            rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(held, w, cfg.top_k, device=dev)["kl"]
         if kept is not None:
             kept[il] = data
         del data, held
@@ -275,14 +270,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     if user_split:
         sink, local, split_source = cfg.sink, cfg.local, "user"
     else:
-        by_recall = choose_split_by_recall(recall)
-        if plan.split_score == "recall":
-            sink, local, srep = by_recall
-        else:
-            sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink,
-                                             select=cfg.select, block_size=cfg.block_size, progress=emit,
-                                             indexer_types=types)
-            srep["by_recall"] = {"sink": by_recall[0], "local": by_recall[1], "candidates": by_recall[2]["candidates"]}
+        sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink, select=cfg.select,
+                                         block_size=cfg.block_size, progress=emit, indexer_types=types,
+                                         search=plan.split_search)
         rep["split"] = srep
         split_source = "calibrated"
         if sparse_steps > 0:

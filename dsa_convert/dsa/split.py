@@ -5,9 +5,9 @@ positions attend densely and do not depend on the split), with the sparse model 
 running in every layer. Search: local L over fractions of K at a starting sink, then the sink at the
 best L. Every candidate and its loss is recorded in the report.
 
-``choose_split_by_recall`` is the cheap score (the CPU's default at long context, calib.py): every (S, L) of the
-same candidate grid, scored by the held-out dense-target mass its selection keeps, averaged over the layers
-(indexer_train.eval_heldout, on the first pass's held-out activations): no forward of the model per candidate.
+``search="coarse"`` (the CPU's default at long context, calib.py): local L over COARSE_LOCAL_FRACTIONS at the
+starting sink, then only the sinks of COARSE_SINKS, and no dense reference NLL: at 32K on a 2-core CPU a sparse forward
+of one held-out chunk takes ~2.5 min, so the full search (9 forwards) alone would take most of a 30 min budget.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from ..kernels_ref.sparse_attention import DsaAttention
 
 LOCAL_FRACTIONS = (0.125, 0.25, 0.5, 0.75, 0.875)
 SINK_CANDIDATES = (1, 4, 16, 64)
+COARSE_LOCAL_FRACTIONS = (0.5, 0.875)
+COARSE_SINKS = (1,)
 
 
 @torch.no_grad()
@@ -41,9 +43,10 @@ def _align(n: int, select: str, block_size: int) -> int:
     return n if select == "token" else max(block_size, (n // block_size) * block_size)
 
 
-def local_candidates(top_k: int, sink: int, select: str = "token", block_size: int = 64) -> list[int]:
+def local_candidates(top_k: int, sink: int, select: str = "token", block_size: int = 64,
+                     fractions: tuple[float, ...] = LOCAL_FRACTIONS) -> list[int]:
     out = []
-    for f in LOCAL_FRACTIONS:
+    for f in fractions:
         L = max(1, int(round(top_k * f)))
         L = min(L, top_k - sink)
         if select == "block":   # keep the indexer's share a whole number of blocks
@@ -53,34 +56,14 @@ def local_candidates(top_k: int, sink: int, select: str = "token", block_size: i
     return out
 
 
-def split_grid(top_k: int, sink: Optional[int], select: str = "token", block_size: int = 64) -> list[tuple[int, int]]:
-    """Every (S, L) candidate: the given sink (or each of SINK_CANDIDATES and the NLL search's start, 4) with each
-    local window of local_candidates."""
-    sinks = [sink] if sink is not None else sorted({4, *SINK_CANDIDATES})
-    return [(S, L) for S in sinks if S < top_k for L in local_candidates(top_k, S, select, block_size)
-            if S + L <= top_k]
-
-
-def choose_split_by_recall(recall: dict[int, dict[tuple[int, int], float]]) -> tuple[int, int, dict]:
-    """(sink, local, report) keeping the most held-out target mass on average over the layers (recall: layer ->
-    (S, L) -> mass); ties go to the smaller window (the candidates in grid order)."""
-    layers = sorted(recall)
-    if not layers:
-        raise ValueError("no held-out recall to choose a split from")
-    grid = list(recall[layers[0]])
-    mean = {sl: sum(recall[il][sl] for il in layers) / len(layers) for sl in grid}
-    best = max(grid, key=lambda sl: mean[sl])
-    table = [{"sink": S, "local": L, "recall": mean[(S, L)],
-              "recall_by_layer": {il: recall[il][(S, L)] for il in layers}} for S, L in grid]
-    return best[0], best[1], {"score": "recall", "candidates": table, "sink": best[0], "local": best[1],
-                              "best_recall": mean[best]}
-
-
 def choose_split(model, tokens: torch.Tensor, indexers: dict, *, top_k: int, sink: Optional[int],
                  select: str = "token", block_size: int = 64,
                  progress: Optional[Callable[[dict], None]] = None,
-                 indexer_types: Optional[list[bool]] = None) -> tuple[int, int, dict]:
-    """Return (sink, local, report) minimising held-out calibration NLL at budget top_k."""
+                 indexer_types: Optional[list[bool]] = None, search: str = "full") -> tuple[int, int, dict]:
+    """Return (sink, local, report) minimising held-out calibration NLL at budget top_k (search: full | coarse)."""
+    if search not in ("full", "coarse"):
+        raise ValueError(f"split search must be full or coarse (got {search!r})")
+    coarse = search == "coarse"
     T = tokens.shape[1]
     start = min(top_k, T - 2)
     t0 = time.time()
@@ -101,15 +84,17 @@ def choose_split(model, tokens: torch.Tensor, indexers: dict, *, top_k: int, sin
 
     S0 = sink if sink is not None else 4
     S0 = min(S0, top_k - 1)
-    best_L = min(local_candidates(top_k, S0, select, block_size), key=lambda L: score(S0, L))
+    fractions = COARSE_LOCAL_FRACTIONS if coarse else LOCAL_FRACTIONS
+    best_L = min(local_candidates(top_k, S0, select, block_size, fractions), key=lambda L: score(S0, L))
     best_S = S0
     if sink is None:
-        for S in SINK_CANDIDATES:
+        for S in COARSE_SINKS if coarse else SINK_CANDIDATES:
             if S != S0 and S + best_L <= top_k:
                 score(S, best_L)
         best_S = min((s for (s, L) in cache if L == best_L), key=lambda s: cache[(s, best_L)])
-    dense_nll = calib_nll(model, tokens, None, start)
-    report = {"score": "nll", "candidates": table, "sink": best_S, "local": best_L, "dense_nll": dense_nll,
-              "dense_ppl": math.exp(dense_nll), "best_ppl": math.exp(cache[(best_S, best_L)]),
+    dense_nll = None if coarse else calib_nll(model, tokens, None, start)
+    report = {"search": search, "candidates": table, "sink": best_S, "local": best_L, "dense_nll": dense_nll,
+              "dense_ppl": None if dense_nll is None else math.exp(dense_nll),
+              "best_ppl": math.exp(cache[(best_S, best_L)]),
               "positions_from": start, "chunks": int(tokens.shape[0]), "seconds": time.time() - t0}
     return best_S, best_L, report
