@@ -40,7 +40,7 @@ class DsaConfig:
     ctx: Optional[int] = None           # calibration context (--calib-ctx); None -> the model's trained context,
                                         # capped by the memory the calibration activations need (CalibPlan)
     calib_tokens: Optional[int] = None  # training tokens (ctx x chunks); None -> 65536 up to a 2K context, else 524288
-                                        # on a GPU and 131072 on a CPU (the CPU's time budget)
+                                        # on a GPU and 65536 on a CPU (the CPU's time budget)
     calib_chunks: Optional[int] = None  # chunks of ctx tokens to train on; None -> calib_tokens // ctx (at least 1)
     steps: Optional[int] = None         # dense KL warm-up steps per layer; None -> the plan's recipe (calib.py)
     sparse_steps: Optional[int] = None  # sparse-phase KL steps per layer; None -> steps

@@ -3,7 +3,7 @@ context: what `plan_calibration`'s CPU recipe at long context rests on (dsa_conv
 
 Runs the frozen model over TRAIN + 1 calibration chunks of CTX tokens up to --layer, then distils that layer's indexer
 (dense warm-up phase) once per recipe from the same initial weights and scores each on the held-out chunk
-(indexer_train.eval_heldout: KL of the indexer's distribution to the layer's dense attention, 256 query rows spread over
+(indexer_train.eval_kl: KL of the layer's dense attention to the indexer's distribution, 256 query rows spread over
 [top-k, CTX)). Wall seconds of each training are on this machine, so run it alone.
 
     python3 scripts/bench/bench_indexer_recipe.py --model ../shared/models/ref-llama-27m-32k \
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dsa_convert.dsa.calib import calib_chunks  # noqa: E402
-from dsa_convert.dsa.indexer_train import eval_heldout, init_indexer, train_layer  # noqa: E402
+from dsa_convert.dsa.indexer_train import eval_kl, init_indexer, train_layer  # noqa: E402
 from dsa_convert.dsa.retrofit import _group_pass  # noqa: E402
 from dsa_convert.kernels_ref.model import RefModel  # noqa: E402
 
@@ -61,7 +61,7 @@ def main() -> None:
         w = train_layer(data, w, steps=steps, top_k=a.top_k, lr=2e-3, query_rows=rows, seed=a.seed, phase="dense",
                         layer=a.layer)
         r = {"query_rows": rows, "steps": steps, "train_seconds": round(time.time() - t, 1),
-             "heldout_kl": round(eval_heldout(held, w, a.top_k)["kl"], 4)}
+             "heldout_kl": round(eval_kl(held, w, a.top_k)["kl"], 4)}
         out["recipes"].append(r)
         print(r, flush=True)
     if a.out:

@@ -84,10 +84,10 @@ PY
     python3 scripts/needle_summary.py "$WORK/needle-$name-$task-$tag-f16.json" "$WORK/needle-$name-$task-$tag-asq.json" ;;
   ppl)
     local ctx=$x
-    local modes=${PPL_MODES:-dense,sparse,local,sparse-asq} v
+    local v
     for v in "dense f16" "sparse f16 --kld" "local f16 --kld" "sparse asq --kld"; do
       set -- $v
-      [[ ",$modes," == *",$1$([ "$2" = asq ] && echo -asq),"* ]] || continue
+      [[ ",$PPL_MODES," == *",$1$([ "$2" = asq ] && echo -asq),"* ]] || continue
       local f="$WORK/ppl-$name-$ctx-$1-$2.json"
       [ -s "$f" ] || dsa eval "$WORK/$name.gguf" --ppl wikitext2 --ctx "$ctx" --chunks "$PPL_CHUNKS" --attn "$1" --kv "$2" "${@:3}" \
         --flash-attn --n-gpu-layers "$NGL" --json > "$f" || { rm -f "$f"; continue; }
