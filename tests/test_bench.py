@@ -387,6 +387,34 @@ def test_render_prints_sparse_over_dense_per_ctx():
     assert rows[2]["decode_vs_dense"] == 1.5 and "decode_vs_dense" not in rows[3] and "decode_vs_dense" not in rows[5]
 
 
+def test_crossover_is_the_first_ctx_from_which_sparse_stays_ahead():
+    """The CPU issue's summary: the shortest context from which on sparse decode (prefill) is at least dense's at every
+    measured context; a dip at a longer context moves it there; None where sparse is behind at the longest; variant
+    rows do not count. The JSON rows and the text table carry it."""
+    from dsa_convert.eval.bench import add_ratios, crossover, render
+
+    def pair(ctx, dec_ratio, pre_ratio, variant=None):
+        base = {"kv_bytes": 2**20, "kv_bytes_per_token": 64.0, "device": "cpu", "indexer_decode_ms_per_tok": None,
+                "host_us_per_decode_token": None}
+        return [{**base, "ctx": ctx, "attn": "sparse", "variant": variant, "decode_tok_s": 10.0 * dec_ratio,
+                 "prefill_tok_s": 100.0 * pre_ratio},
+                {**base, "ctx": ctx, "attn": "dense", "variant": None, "decode_tok_s": 10.0, "prefill_tok_s": 100.0}]
+    rows = pair(4096, 0.9, 0.8) + pair(8192, 1.01, 0.9) + pair(16384, 1.5, 1.1) + pair(32768, 2.0, 1.3)
+    assert crossover(rows) == 8192 and crossover(rows, "prefill") == 16384
+    dip = pair(4096, 1.2, 1.0) + pair(8192, 0.95, 1.0) + pair(16384, 1.1, 1.0)
+    assert crossover(dip) == 16384 and crossover(dip, "prefill") == 4096
+    assert crossover(pair(4096, 1.2, 1.0) + pair(8192, 0.99, 1.0)) is None
+    assert crossover(pair(4096, 0.5, 0.5) + [pair(8192, 2.0, 2.0, "LLAMA_DSA_GATHER=always")[0]]) is None
+    text = render(rows)
+    assert "crossover, decode: sparse ≥ dense from ctx 8192 on (measured up to 32768)" in text
+    assert "crossover, prefill: sparse ≥ dense from ctx 16384 on" in text
+    slow = pair(4096, 0.9, 0.9)
+    assert "crossover, decode: sparse slower than dense at ctx 4096, the longest measured" in render(slow)
+    add_ratios(rows)
+    assert rows[0]["decode_crossover_ctx"] == 8192 and rows[0]["prefill_crossover_ctx"] == 16384
+    assert "decode_crossover_ctx" not in rows[1]
+
+
 def test_parse_host_timing_keeps_decode_and_prefill_lines_apart():
     from dsa_convert.eval import bench
     log = ("dsa_host_timing: n=4 graph_us=3.0 inputs_us=1.5 launch_us=80.2\n"

@@ -508,12 +508,32 @@ def ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
+def crossover(rows: list[dict], metric: str = "decode") -> int | None:
+    """The shortest context of the sweep from which on plain sparse runs are at least as fast as dense (`metric`:
+    decode or prefill tok/s) at every measured context; None where sparse is slower at the longest one, or no context
+    has both runs."""
+    rs = sorted((x["ctx"], x[metric]) for x in ratios(rows) if x["variant"] is None)
+    first = None
+    for c, ratio in rs:
+        if ratio < 1.0:
+            first = None
+        elif first is None:
+            first = c
+    return first
+
+
 def add_ratios(rows: list[dict]) -> None:
-    """`decode_vs_dense` / `prefill_vs_dense` on each sparse row that has a dense row of its ctx in the sweep (the
-    returned / --json rows; --jsonl lines are written as each run finishes, before its dense run, so they lack them)."""
-    for x in ratios(rows):
+    """`decode_vs_dense` / `prefill_vs_dense` on each sparse row that has a dense row of its ctx in the sweep, and the
+    sweep's `decode_crossover_ctx` / `prefill_crossover_ctx` (crossover) on its plain ones (the returned / --json
+    rows; --jsonl lines are written as each run finishes, before its dense run, so they lack them)."""
+    xs = ratios(rows)
+    cross = {m: crossover(rows, m) for m in ("decode", "prefill")}
+    for x in xs:
         x["row"]["decode_vs_dense"] = round(x["decode"], 4)
         x["row"]["prefill_vs_dense"] = round(x["prefill"], 4)
+        if x["variant"] is None:
+            x["row"]["decode_crossover_ctx"] = cross["decode"]
+            x["row"]["prefill_crossover_ctx"] = cross["prefill"]
 
 
 def render(rows: list[dict]) -> str:
@@ -536,4 +556,9 @@ def render(rows: list[dict]) -> str:
         lines.append("sparse ÷ dense, tok/s in the same sweep:")
         lines += [f"{x['ctx']:>8}  decode {x['decode']:.2f}×  prefill {x['prefill']:.2f}×"
                   + (f"  [{x['variant']}]" if x["variant"] else "") for x in rs]
+        longest = max(x["ctx"] for x in rs)
+        for m in ("decode", "prefill"):
+            c = crossover(rows, m)
+            lines.append(f"crossover, {m}: " + (f"sparse ≥ dense from ctx {c} on (measured up to {longest})" if c
+                                                else f"sparse slower than dense at ctx {longest}, the longest measured"))
     return "\n".join(lines)
