@@ -27,7 +27,10 @@ SERIES = [
      "                                                       (prototype id, f16 residual scale, 4- or 8-bit levels)\n"
      "  GGML_OP_DSA_SPARSE_ATTN   attention over the top-k selected cells of an F16/F32 or ASQ cache, read in place\n"
      "  GGML_OP_DSA_INDEXER_MASK  the lightning indexer's mask (and a decode ubatch's visibility mask) from positions\n"
-     "Changed: ggml_lightning_indexer takes an F32 mask; ggml_lightning_indexer_scaled folds the head-weight scale.\n"),
+     "Changed: ggml_lightning_indexer takes an F32 mask; ggml_lightning_indexer_scaled folds the head-weight scale.\n"
+     "CPU: ggml_top_k selects in O(n) per row (std::nth_element on a copy, then one scan) instead of a partial sort;\n"
+     "the lightning indexer converts each key once per ubatch (blocks of keys scored against every token) and skips\n"
+     "masked cells.\n"),
     ("0002-ggml-cuda-dsa-kernels.patch",
      ["ggml/src/ggml-cuda"],
      "ggml-cuda: kernels for the DSA ops of 0001 and the decode graph around them.\n\n"

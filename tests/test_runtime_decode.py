@@ -101,12 +101,16 @@ def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type, ubatch
     unfused = v.llama_logits(str(dsa), toks, n_ctx=128, cache_type=cache_type, flash_attn=True, **kw)
     scale = ref.max() - ref.min()
     assert not np.array_equal(fused, unfused)   # two different graphs ran
-    if not ubatch4:
-        np.testing.assert_array_equal(fused[:PREFILL], unfused[:PREFILL])   # prefill: the same masked path
     err_fused = np.abs(fused - ref).max() / scale
     err_unfused = np.abs(unfused - ref).max() / scale
     print("fused", err_fused, "gather+FA", err_unfused, "fused vs gather+FA", np.abs(fused - unfused).max() / scale)
-    assert np.abs(fused - unfused).max() / scale < 1e-3
+    if ubatch4:
+        assert np.abs(fused - unfused).max() / scale < 1e-3
+    else:
+        # the prefill ubatch over this CPU cache (256 cells >= 3 x top-k) attends over its picks with the op too;
+        # LLAMA_DSA_FUSED=0 takes the masked flash-attention path there, whose error against kernels_ref (up to
+        # 2.4e-2 of the range on the qwen3 file) then carries into the later rows through the cached K/V
+        assert not np.array_equal(fused[:PREFILL], unfused[:PREFILL])
     assert err_fused < 1.5 * err_unfused + 1e-5
 
 
@@ -269,25 +273,32 @@ def test_selection_mask_without_the_add_is_used_and_exact(tiny_dsa, flash_attn):
 @requires_backend
 @pytest.mark.parametrize("cache_type", [1, 0], ids=["f16", "f32"])
 def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type):
-    """A prefill-size ubatch over a cache of at least 16384 cells attends over its picks with the sparse attention op
-    instead of masked flash attention over every cell. Forced here on every prefill ubatch (LLAMA_DSA_GATHER=always;
-    ubatches of 16 tokens: the first two have tokens that see fewer than top-k cells and pass the causal mask to the
-    op, later ones need none): it must match kernels_ref at least as well as the masked path (=never), be a different
-    graph, and the default (auto) must be the masked path at this size."""
+    """A prefill-size ubatch attends over its picks with the sparse attention op instead of masked flash attention
+    over every cell from 16384 cells on a GPU and from 3 x top-k cells on the CPU (a cache in host memory). Forced here
+    on every prefill ubatch (LLAMA_DSA_GATHER=always; ubatches of 16 tokens: the first two have tokens that see fewer
+    than top-k cells and pass the causal mask to the op, later ones need none): it must match kernels_ref at least as
+    well as the masked path (=never) and be a different graph. The default (auto) on the CPU, over this context's
+    256 cells: the op with top-k 24 and 80 (3 x 80 = 240 cells), the masked path with top-k 96 (288 cells)."""
+    from dsa_convert.formats.gguf_read import GgufFile
+
     _, dsa = tiny_dsa
     v = verify_module()
     toks = np.random.default_rng(11).integers(3, 320, N)
     ref = v.ref_logits(str(dsa), toks, sparse=True)
     kw = dict(n_ctx=128, n_ubatch=16, cache_type=cache_type, flash_attn=True)
-    default = v.llama_logits(str(dsa), toks, **kw)
+    g = GgufFile(dsa)
+    top_k = {k: {f"{g.arch}.attention.indexer.top_k": k} for k in (80, 96)}
+    g.close()
+    default = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 80, 96)}
     monkeypatch.setenv("LLAMA_DSA_GATHER", "always")
-    gathered = v.llama_logits(str(dsa), toks, **kw)
+    gathered = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 80)}
     monkeypatch.setenv("LLAMA_DSA_GATHER", "never")
-    masked = v.llama_logits(str(dsa), toks, **kw)
-    # 128 cells: below the default threshold. The last ubatch (tokens 64-71, 8 tokens) is decode-size: gathered by
-    # default and by `always`, masked with `never`
-    np.testing.assert_array_equal(default[:64], masked[:64])
-    assert not np.array_equal(default[64:], masked[64:])
+    masked = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 96)}
+    np.testing.assert_array_equal(default[TOPK], gathered[TOPK])
+    np.testing.assert_array_equal(default[80], gathered[80])
+    # top-k 96: the prefill ubatches are masked by default (the last ubatch, tokens 64-71, is decode-size)
+    np.testing.assert_array_equal(default[96][:64], masked[96][:64])
+    gathered, masked = gathered[TOPK], masked[TOPK]
     assert not np.array_equal(gathered, masked)   # two different graphs ran
     scale = ref.max() - ref.min()
     err_gather = np.abs(gathered - ref).max() / scale
