@@ -157,13 +157,13 @@ def train_layer(data: LayerCalib, w0: IndexerWeights, *, steps: int, top_k: int,
 
 @torch.no_grad()
 def eval_kl(data: LayerCalib, w: IndexerWeights, top_k: int, rows_n: int = 256, device: str = "cpu",
-            chunks: int = 2) -> dict:
+            chunks: int = 2) -> float:
     """Held-out diagnostic: the dense-phase KL on ``rows_n`` query rows spread over [top_k, T), averaged over the first
     ``chunks`` chunks of ``data`` (as many as it has)."""
     dev = torch.device(device)
     T = data.x.shape[1]
     n_chunks = min(chunks, data.x.shape[0])
-    out = {"kl": 0.0}
+    kl = 0.0
     lo = min(top_k, T - 1)
     rows = torch.linspace(lo, T - 1, min(rows_n, T - lo)).long().to(dev)
     wd = w.to(torch.float32, dev)
@@ -171,5 +171,5 @@ def eval_kl(data: LayerCalib, w: IndexerWeights, top_k: int, rows_n: int = 256, 
         tgt = data.target(n, rows, dev)
         sc = _row_scores(wd, data.x[n].to(dev, torch.float32), rows, torch.arange(T, device=dev))
         causal = torch.arange(T, device=dev)[None, :] <= rows[:, None]
-        out["kl"] += float(kl_loss(tgt, sc, causal)) / n_chunks
-    return out
+        kl += float(kl_loss(tgt, sc, causal)) / n_chunks
+    return kl

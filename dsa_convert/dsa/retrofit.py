@@ -251,8 +251,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         if user_split:
             w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
         indexers[il] = w
-        if held is not None:
-            rep["layers"].setdefault(il, {})["heldout_kl_dense_phase"] = eval_kl(held, w, cfg.top_k, device=dev)["kl"]
+        rep["layers"].setdefault(il, {})["heldout_kl_dense_phase" if held is not None else "train_kl_dense_phase"] = \
+            eval_kl(held if held is not None else data, w, cfg.top_k, device=dev)
         if kept is not None:
             kept[il] = data
         del data, held

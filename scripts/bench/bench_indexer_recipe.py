@@ -61,7 +61,7 @@ def main() -> None:
         w = train_layer(data, w, steps=steps, top_k=a.top_k, lr=2e-3, query_rows=rows, seed=a.seed, phase="dense",
                         layer=a.layer)
         r = {"query_rows": rows, "steps": steps, "train_seconds": round(time.time() - t, 1),
-             "heldout_kl": round(eval_kl(held, w, a.top_k)["kl"], 4)}
+             "heldout_kl": round(eval_kl(held, w, a.top_k), 4)}
         out["recipes"].append(r)
         print(r, flush=True)
     if a.out:
