@@ -44,21 +44,35 @@ from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
 QT = gguf.GGMLQuantizationType
 
 
-def _llama(name: str, n_layer: int, d: int, ff: int, n_head: int, n_head_kv: int, head_dim: int, vocab: int,
-           tied: bool, n_ctx: int, theta: float = 500000.0, llama3_factor: float | None = 8.0) -> ModelSpec:
-    """A Llama ModelSpec (the same spec `dsa convert` reads from config.json); llama3 rope scaling with
-    original ctx 8192 when llama3_factor is set (rope_freqs.weight)."""
+ARCHS = {"llama": (gguf.MODEL_ARCH.LLAMA, "LlamaForCausalLM"), "qwen2": (gguf.MODEL_ARCH.QWEN2, "Qwen2ForCausalLM"),
+         "qwen3": (gguf.MODEL_ARCH.QWEN3, "Qwen3ForCausalLM")}
+
+
+def _spec(name: str, arch: str, n_layer: int, d: int, ff: int, n_head: int, n_head_kv: int, head_dim: int, vocab: int,
+          tied: bool, n_ctx: int = 131072, theta: float = 500000.0, llama3_factor: float | None = None,
+          eps: float = 1e-5) -> ModelSpec:
+    """The ModelSpec `dsa convert` would read from the model's config.json (llama3 rope scaling with original ctx
+    8192 when llama3_factor is set: rope_freqs.weight). qwen2 has q/k/v biases, qwen3 q/k norms. n_ctx is 128K for
+    every real shape so that benchmarks run there (the Qwen configs say 32K; speed does not depend on it)."""
     rope = RopeSpec(theta=theta, dim=head_dim, scaling="llama3" if llama3_factor else "none",
                     factor=llama3_factor or 1.0, original_ctx=8192)
-    return ModelSpec("LlamaForCausalLM", gguf.MODEL_ARCH.LLAMA, n_layer, d, ff, n_head, n_head_kv, head_dim, n_ctx,
-                     vocab, 1e-5, rope, tied, False, False, name=f"synth-{name}")
+    arch_id, hf_arch = ARCHS[arch]
+    return ModelSpec(hf_arch, arch_id, n_layer, d, ff, n_head, n_head_kv, head_dim, n_ctx, vocab, eps, rope, tied,
+                     arch == "qwen2", arch == "qwen3", name=f"synth-{name}")
 
 
 SHAPES: dict[str, ModelSpec] = {
-    "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 8192, 32, 8, 64, 128256, True, 131072, llama3_factor=32.0),
-    "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 14336, 32, 8, 128, 128256, False, 131072, llama3_factor=8.0),
+    "llama-3.2-1b": _spec("llama-3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 128256, True, llama3_factor=32.0),
+    "llama-3.2-3b": _spec("llama-3.2-3b", "llama", 28, 3072, 8192, 24, 8, 128, 128256, True, llama3_factor=32.0),
+    "llama-3.1-8b": _spec("llama-3.1-8b", "llama", 32, 4096, 14336, 32, 8, 128, 128256, False, llama3_factor=8.0),
+    "qwen2.5-0.5b": _spec("qwen2.5-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 151936, True, theta=1e6, eps=1e-6),
+    "qwen2.5-7b": _spec("qwen2.5-7b", "qwen2", 28, 3584, 18944, 28, 4, 128, 152064, False, theta=1e6, eps=1e-6),
+    "qwen3-8b": _spec("qwen3-8b", "qwen3", 36, 4096, 12288, 32, 8, 128, 151936, False, theta=1e6, eps=1e-6),
+    "mistral-7b": _spec("mistral-7b", "llama", 32, 4096, 14336, 32, 8, 128, 32768, False, theta=1e6),
     # tests: K-quant friendly row lengths (multiples of 256), small vocab and context
-    "tiny": _llama("tiny", 2, 256, 512, 4, 2, 64, 512, True, 2048, theta=10000.0, llama3_factor=None),
+    "tiny": _spec("tiny", "llama", 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
+    "tiny-qwen2": _spec("tiny-qwen2", "qwen2", 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
+    "tiny-qwen3": _spec("tiny-qwen3", "qwen3", 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
 }
 
 
@@ -73,7 +87,8 @@ class SynthOptions:
     sink: int = 4
     local: int = 64
     outtype: str = "f16"
-    asq: int = 0                      # C > 0: random ASQ prototypes (C per layer, KV head, K/V), b 4, pre-RoPE keys
+    asq: int = 0                      # C > 0: random ASQ prototypes (C per layer, KV head, K/V), pre-RoPE keys
+    asq_bits: int = 4                 # ASQ residual bits b (4 or 8)
     index_share: int = 1              # G > 1: an indexer every G layers, the others reuse its top-k (FORMAT.md §4a)
     seed: int = 0
     force: bool = False
@@ -106,7 +121,7 @@ def synth_vocab(n: int):
 
 
 def plan(spec: ModelSpec, o: SynthOptions):
-    """PlannedTensor list: base model in GGUF order, then the indexer (FORMAT.md §3)."""
+    """PlannedTensor list: base model in GGUF order (qwen2 biases, qwen3 q/k norms), the indexer (FORMAT.md §3)."""
     from dsa_convert.formats.tensor_plan import PlannedTensor, llama3_rope_factors
 
     rng = np.random.default_rng(o.seed)
@@ -118,6 +133,9 @@ def plan(spec: ModelSpec, o: SynthOptions):
     def ones(name: str, n: int):
         out.append(PlannedTensor(name, (n,), QT.F32, lambda: np.ones(n, np.float32)))
 
+    def zeros(name: str, n: int):
+        out.append(PlannedTensor(name, (n,), QT.F32, lambda: np.zeros(n, np.float32)))
+
     d, q, kv = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     full = indexer_types_every(spec.n_layer, o.index_share)
     mat("token_embd.weight", spec.vocab_size, d)
@@ -127,6 +145,12 @@ def plan(spec: ModelSpec, o: SynthOptions):
         mat(p + "attn_q.weight", q, d)
         mat(p + "attn_k.weight", kv, d)
         mat(p + "attn_v.weight", kv, d)
+        if spec.attn_bias:
+            for t, n in (("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)):
+                zeros(p + t, n)
+        if spec.qk_norm:
+            ones(p + "attn_q_norm.weight", spec.head_dim)
+            ones(p + "attn_k_norm.weight", spec.head_dim)
         mat(p + "attn_output.weight", d, q)
         ones(p + "ffn_norm.weight", d)
         mat(p + "ffn_gate.weight", spec.n_ff, d)
@@ -163,6 +187,8 @@ def validate(o: SynthOptions) -> ModelSpec:
         raise BadInputError(f"--index-share must be >= 1 (got {o.index_share})")
     if not 0 <= o.asq <= 256:
         raise BadInputError(f"--asq must be between 0 and 256 prototypes (got {o.asq})")
+    if o.asq_bits not in (4, 8):
+        raise BadInputError(f"--asq-bits must be 4 or 8 (got {o.asq_bits})")
     if o.top_k <= 0 or o.sink < 0 or o.local < 1 or o.sink + o.local > o.top_k:
         raise BadInputError(f"need top_k > 0, sink >= 0, local >= 1, sink + local <= top_k "
                             f"(got {o.top_k}, {o.sink}, {o.local})")
@@ -180,7 +206,7 @@ def _write_f16(path: Path, o: SynthOptions, spec: ModelSpec) -> int:
     add_model_keys(w, spec, gguf.LlamaFileType.MOSTLY_F16)
     write_vocab(w, synth_vocab(spec.vocab_size))
     cfg = DsaConfig(top_k=o.top_k, sink=o.sink, local=o.local, index_heads=o.index_heads, index_dim=o.index_dim,
-                    rope_dim=o.rope_dim, cluster_num=o.asq or None, residual_bits=4, index_share=o.index_share)
+                    rope_dim=o.rope_dim, cluster_num=o.asq or None, residual_bits=o.asq_bits, index_share=o.index_share)
     add_extra_kv(w, ExtraKV(dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", "pre_rope" if o.asq else None,
                                    cfg.indexer_types(spec.n_layer))))
     w.add_string("dsa.synthetic", f"{o.shape} seed={o.seed} (random weights, for speed only)")
@@ -228,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sink", type=int, default=4, help="S: sink positions")
     ap.add_argument("--local", type=int, default=None, help="L: local window (default min(64, K - S))")
     ap.add_argument("--outtype", default="f16", help="f16 | q4_k_m")
-    ap.add_argument("--asq", type=int, default=0, help="C > 0: add random ASQ KV prototypes (b 4, pre-RoPE keys)")
+    ap.add_argument("--asq", type=int, default=0, help="C > 0: add random ASQ KV prototypes (pre-RoPE keys)")
+    ap.add_argument("--asq-bits", type=int, default=4, help="ASQ residual bits: 4 or 8")
     ap.add_argument("--index-share", type=int, default=1,
                     help="G: an indexer every G layers, the layers between reuse its top-k (default 1: every layer)")
     ap.add_argument("--seed", type=int, default=0)
@@ -238,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     rope_dim = a.rope_dim if a.rope_dim is not None else min(32, a.index_dim - a.index_dim % 2)
     local = a.local if a.local is not None else max(1, min(64, a.top_k - a.sink))
     o = SynthOptions(a.output, a.shape, a.top_k, a.index_heads, a.index_dim, rope_dim, a.sink, local,
-                     a.outtype.lower(), a.asq, a.index_share, a.seed, a.force, a.quiet)
+                     a.outtype.lower(), a.asq, a.asq_bits, a.index_share, a.seed, a.force, a.quiet)
     try:
         r = make(o)
     except DsaError as e:

@@ -50,6 +50,39 @@ def test_synth_file_follows_format(tiny):
         g.close()
 
 
+def test_synth_real_shapes_plan_the_model_tensors():
+    """Every real shape plans the tensors its architecture loads with (no file written: the plans are lazy)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import make_synth_gguf as m
+
+    for name, spec in m.SHAPES.items():
+        o = m.SynthOptions(Path("unused.gguf"), name, index_share=2)
+        names = {t.name for t in m.plan(spec, o)}
+        q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+        shapes = {t.name: t.shape for t in m.plan(spec, o)}
+        assert shapes["blk.0.attn_q.weight"] == (q, spec.n_embd) and shapes["blk.0.attn_k.weight"] == (kv, spec.n_embd)
+        assert ("blk.0.attn_q.bias" in names) == spec.attn_bias == name.startswith(("qwen2", "tiny-qwen2"))
+        assert ("blk.0.attn_q_norm.weight" in names) == spec.qk_norm == name.startswith(("qwen3", "tiny-qwen3"))
+        assert ("output.weight" in names) != spec.tie_embeddings
+        # G = 2: an indexer in layer 0, none in layer 1
+        assert "blk.0.indexer.proj.weight" in names and "blk.1.indexer.proj.weight" not in names
+    s = m.SHAPES["qwen2.5-7b"]
+    assert (s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.vocab_size) == (28, 28, 4, 128, 152064)
+
+
+@requires_backend
+@pytest.mark.parametrize("shape", ["tiny-qwen2", "tiny-qwen3"])
+def test_synth_qwen_shapes_run_sparse(shape, tmp_path):
+    out = tmp_path / f"{shape}.gguf"
+    r = synth(out, "--shape", shape, "--top-k", str(TOPK), "--sink", str(SINK), "--local", str(LOCAL), "--asq", "16")
+    assert r.returncode == 0, r.stderr
+    for kv in ("f16", "asq"):
+        res = run_dsa("bench", str(out), "--ctx", "256", "--gen", "4", "--attn", "sparse", "--kv", kv, "--json")
+        assert res.returncode == 0, res.stderr
+        (row,) = json.loads(res.stdout)
+        assert row["attn"] == "sparse" and row["decode_tok_s"] > 0
+
+
 def test_synth_bad_options(tmp_path):
     out = tmp_path / "x.gguf"
     for args, needle in ((["--shape", "nope"], "unknown --shape"), (["--outtype", "q8_0"], "--outtype"),

@@ -28,16 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-# name: (arch, n_embd, n_head, n_head_kv, head_dim, tied, rope theta, llama3 factor)
-SHAPES = {
-    "llama-3.2-1b": ("llama", 2048, 32, 8, 64, True, 500000.0, 32.0),
-    "llama-3.2-3b": ("llama", 3072, 24, 8, 128, True, 500000.0, 32.0),
-    "llama-3.1-8b": ("llama", 4096, 32, 8, 128, False, 500000.0, 8.0),
-    "qwen2.5-0.5b": ("qwen2", 896, 14, 2, 64, True, 1000000.0, None),
-    "qwen2.5-7b":   ("qwen2", 3584, 28, 4, 128, False, 1000000.0, None),
-    "qwen3-8b":     ("qwen3", 4096, 32, 8, 128, False, 1000000.0, None),
-    "mistral-7b":   ("llama", 4096, 32, 8, 128, False, 1000000.0, None),
-}
+SHAPES = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-8b", "mistral-7b")
 CACHES = ("f16", "asq4", "asq8")
 N_LAYER, N_FF, VOCAB, N_CTX_TRAIN = 2, 256, 512, 32768
 
@@ -46,53 +37,23 @@ DSA_OPS = ("DSA_", "LIGHTNING", "TOP_K")
 
 
 def write_gguf(main: Path, shape: str, cache: str, out: Path, top_k: int, n_embd: int = 0) -> None:
-    """n_embd > 0: that embedding width instead of the model's (smaller files; the attention and indexer shapes,
-    which decide the placement, stay the model's)."""
+    """make_synth_gguf.py's shape with 2 layers, a small FFN and vocab; n_embd > 0: that embedding width instead of
+    the model's (smaller files; the attention and indexer shapes, which decide the placement, stay the model's)."""
     sys.path.insert(0, str(main))
     sys.path.insert(0, str(main / "scripts"))
+    import dataclasses
     import gguf
-    import numpy as np
     import make_synth_gguf as m
-    import dsa_convert.dsa.config as cfgmod
-    from dsa_convert.formats.hf_config import ModelSpec, RopeSpec
-    from dsa_convert.formats.tensor_plan import PlannedTensor
 
-    arch, d, nh, nkv, hd, tied, theta, l3 = SHAPES[shape]
-    if n_embd and arch == "qwen2" and n_embd != nh * hd:
-        arch = "llama"  # llama.cpp's qwen2 needs n_embd = n_head * head_dim: the llama architecture (NORM RoPE)
-    d = n_embd or d
-    archs = {"llama": (gguf.MODEL_ARCH.LLAMA, "LlamaForCausalLM"), "qwen2": (gguf.MODEL_ARCH.QWEN2, "Qwen2ForCausalLM"),
-             "qwen3": (gguf.MODEL_ARCH.QWEN3, "Qwen3ForCausalLM")}
-    rope = RopeSpec(theta=theta, dim=hd, scaling="llama3" if l3 else "none", factor=l3 or 1.0, original_ctx=8192)
-    m.SHAPES[shape] = ModelSpec(archs[arch][1], archs[arch][0], N_LAYER, d, N_FF, nh, nkv, hd, N_CTX_TRAIN, VOCAB,
-                                1e-6, rope, tied, arch == "qwen2", arch == "qwen3", name=f"synth-{shape}")
-
-    plan0 = m.plan
-
-    def plan(spec, o):  # qwen2: q/k/v biases; qwen3: q/k norms
-        out_t = plan0(spec, o)
-        extra = []
-        for il in range(spec.n_layer):
-            p = f"blk.{il}."
-            if spec.attn_bias:
-                for t, n in (("attn_q.bias", nh * hd), ("attn_k.bias", nkv * hd), ("attn_v.bias", nkv * hd)):
-                    extra.append(PlannedTensor(p + t, (n,), m.QT.F32, (lambda n=n: np.zeros(n, np.float32))))
-            if spec.qk_norm:
-                for t in ("attn_q_norm.weight", "attn_k_norm.weight"):
-                    extra.append(PlannedTensor(p + t, (hd,), m.QT.F32, (lambda: np.ones(hd, np.float32))))
-        return out_t + extra
-
-    m.plan = plan
-    bits = {"f16": 4, "asq4": 4, "asq8": 8}[cache]
-    cfg0 = cfgmod.DsaConfig
-
-    def cfg(*a, **k):
-        k["residual_bits"] = bits
-        return cfg0(*a, **k)
-
-    cfgmod.DsaConfig = cfg
-    o = m.SynthOptions(out, shape, top_k=top_k, local=min(64, top_k - 4), asq=64 if cache != "f16" else 0, force=True,
-                       quiet=True)
+    spec = dataclasses.replace(m.SHAPES[shape], n_layer=N_LAYER, n_ff=N_FF, vocab_size=VOCAB, n_ctx=N_CTX_TRAIN)
+    if n_embd:
+        spec = dataclasses.replace(spec, n_embd=n_embd)
+        if spec.attn_bias and n_embd != spec.n_head * spec.head_dim:
+            # llama.cpp's qwen2 needs n_embd = n_head * head_dim: the llama architecture (NORM RoPE)
+            spec = dataclasses.replace(spec, arch=gguf.MODEL_ARCH.LLAMA, hf_arch="LlamaForCausalLM", attn_bias=False)
+    m.SHAPES[shape] = spec
+    o = m.SynthOptions(out, shape, top_k=top_k, local=min(64, top_k - 4), asq=64 if cache != "f16" else 0,
+                       asq_bits=8 if cache == "asq8" else 4, force=True, quiet=True)
     m.make(o)
 
 
@@ -158,7 +119,6 @@ def main() -> int:
         for cache in args.caches.split(","):
             path = args.out / f"{shape}-{cache}.gguf"
             if args.force or not path.exists():
-                # a child process per file: make_synth_gguf's module state is patched per shape / cache
                 r = subprocess.run([sys.executable, __file__, "--write", shape, cache, str(path), str(args.top_k),
                                     str(args.main), str(args.embd)], capture_output=True, text=True)
                 if r.returncode != 0:

@@ -16,14 +16,16 @@
 #                               report in WORK/NAME.retrofit.json
 #   bg:STEP / waitbg            a step in the background (a retrofit during the build) / wait for them
 #   needle:NAME:TASK:FILLER[:ARGS]  dsa eval --needle TASK --filler FILLER (junk | book | a path) at 4K-32K x 10 depths,
-#                               dense / sparse / local with the F16 cache, then sparse with the file's ASQ cache;
-#                               WORK/needle-NAME-TASK-FILLER-{f16,asq}.{json,png}
+#                               one process per mode of NEEDLE_MODES, side by side (dense / sparse / local with the
+#                               F16 cache, sparse-asq: sparse with the file's ASQ cache); ARGS e.g. --trials,10;
+#                               WORK/needle-NAME-TASK-FILLER-MODE.{json,png}
 #   ppl:NAME:CTX                WikiText-2 at CTX (flash attention): dense; sparse and local with --kld (against dense
 #                               F16 on the same tokens); sparse with the ASQ cache and --kld
 #   passkey:NAME                llama-passkey (upstream's client) dense and sparse at 16K and 32K, 3 depths
 #   split:NAME                  WORK/NAME.gguf into OUT/NAME.gguf.partNN (15 MiB each; `cat` joins them)
-# NEEDLE_LENGTHS / NEEDLE_DEPTHS / NGL / PPL_CHUNKS / PPL_MODES: the grid, the layers offloaded, the WikiText-2 chunks
-# of a ppl step, its runs (defaults 4096,...,32768 / 10 / 999 / 4 / dense,sparse,local,sparse-asq).
+# NEEDLE_LENGTHS / NEEDLE_DEPTHS / NEEDLE_MODES / NGL / PPL_CHUNKS / PPL_MODES: the grid, its runs, the layers
+# offloaded, the WikiText-2 chunks of a ppl step, its runs (defaults 4096,...,32768 / 10 / dense,sparse,local,sparse-asq
+# / 999 / 4 / dense,sparse,local,sparse-asq).
 # LIMIT: seconds for the whole call (default 570); a step gets what is left, and the results are packed into
 # OUT/longctx.tgz at the end in every case. WORK defaults to /tmp/lc (kept while the machine stays warm).
 set -uo pipefail
@@ -31,7 +33,8 @@ B=$(cd "${1:?usage: longctx.sh BUNDLE}" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 WORK=${WORK:-/tmp/lc}; OUT=${OUT:-$WORK/out}; LIMIT=${LIMIT:-570}
-NEEDLE_LENGTHS=${NEEDLE_LENGTHS:-4096,8192,16384,32768}; NEEDLE_DEPTHS=${NEEDLE_DEPTHS:-10}; NGL=${NGL:-999}; PPL_CHUNKS=${PPL_CHUNKS:-4}
+NEEDLE_LENGTHS=${NEEDLE_LENGTHS:-4096,8192,16384,32768}; NEEDLE_DEPTHS=${NEEDLE_DEPTHS:-10}
+NEEDLE_MODES=${NEEDLE_MODES:-dense,sparse,local,sparse-asq}; NGL=${NGL:-999}; PPL_CHUNKS=${PPL_CHUNKS:-4}
 PPL_MODES=${PPL_MODES:-dense,sparse,local,sparse-asq}
 mkdir -p "$WORK" "$OUT"
 T0=$(date +%s)
@@ -70,18 +73,23 @@ print({k: d.get(k) for k in ("calibration", "sink", "local", "seconds", "peak_rs
 PY
     ;;
   needle)
-    local task filler extra tag
+    # one process per mode of NEEDLE_MODES, all at once (a 27M model leaves the GPU mostly idle per process)
+    local task filler extra tag mode pids=() files=()
     IFS=: read -r kind name task filler extra <<< "$step"
     tag=$(basename "$filler" | cut -d. -f1)
-    # shellcheck disable=SC2046
-    [ -s "$WORK/needle-$name-$task-$tag-f16.json" ] || dsa eval "$WORK/$name.gguf" --needle "$task" --filler "$filler" \
-      --lengths "$NEEDLE_LENGTHS" --depths "$NEEDLE_DEPTHS" --attn dense,sparse,local --kv f16 --n-gpu-layers "$NGL" \
-      --plot "$WORK/needle-$name-$task-$tag-f16.png" $(args "${extra:-}") --json > "$WORK/needle-$name-$task-$tag-f16.json"
-    # shellcheck disable=SC2046
-    [ -s "$WORK/needle-$name-$task-$tag-asq.json" ] || dsa eval "$WORK/$name.gguf" --needle "$task" --filler "$filler" \
-      --lengths "$NEEDLE_LENGTHS" --depths "$NEEDLE_DEPTHS" --attn sparse --kv asq --n-gpu-layers "$NGL" \
-      --plot "$WORK/needle-$name-$task-$tag-asq.png" $(args "${extra:-}") --json > "$WORK/needle-$name-$task-$tag-asq.json"
-    python3 scripts/needle_summary.py "$WORK/needle-$name-$task-$tag-f16.json" "$WORK/needle-$name-$task-$tag-asq.json" ;;
+    for mode in ${NEEDLE_MODES//,/ }; do
+      local f="$WORK/needle-$name-$task-$tag-$mode.json" kv=f16
+      files+=("$f")
+      [ -s "$f" ] && continue
+      [ "$mode" = sparse-asq ] && kv=asq
+      # shellcheck disable=SC2046
+      { dsa eval "$WORK/$name.gguf" --needle "$task" --filler "$filler" --lengths "$NEEDLE_LENGTHS" \
+          --depths "$NEEDLE_DEPTHS" --attn "${mode%-asq}" --kv "$kv" --n-gpu-layers "$NGL" \
+          --plot "${f%.json}.png" $(args "${extra:-}") --json > "$f.part" && mv "$f.part" "$f"; } &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    python3 scripts/needle_summary.py $(ls "${files[@]}" 2> /dev/null) ;;
   ppl)
     local ctx=$x
     local v
@@ -109,7 +117,7 @@ PY
 }
 
 export -f run_step args dsa stamp
-export B WORK OUT MODEL CALIB T0 NEEDLE_LENGTHS NEEDLE_DEPTHS NGL PPL_CHUNKS PPL_MODES
+export B WORK OUT MODEL CALIB T0 NEEDLE_LENGTHS NEEDLE_DEPTHS NEEDLE_MODES NGL PPL_CHUNKS PPL_MODES
 bgpids=()
 for step in ${STEPS:?set STEPS}; do
   t=$(left)
