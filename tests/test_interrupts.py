@@ -146,11 +146,7 @@ def test_pipeline_sigint(big_model, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "dsa_convert.cli", "pipeline", "run", str(toml)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = tmp_path / "w" / "big" / "convert.gguf"
-    t0 = time.monotonic()
-    while not (out.parent.is_dir() and list(out.parent.glob(".convert.gguf.partial-*"))):
-        assert time.monotonic() - t0 < 120 and proc.poll() is None, proc.stderr.read() if proc.poll() else "timeout"
-        time.sleep(0.02)
-    time.sleep(0.3)
+    wait_for_partial(out, proc)          # mid-write: a fixed sleep after the file appears can outlast the write
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, err
