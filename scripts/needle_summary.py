@@ -6,7 +6,8 @@
 For each file's (task, filler) the table has one row per context length and one column per attention mode and KV
 cache (hits / trials over all depths), then per mode the cells (length x depth) where it retrieves fewer than
 `--against` (default dense), how many of them by more than one trial (the retrofit issue's "sparse hits = dense hits
-in every cell, +- 1 trial") and in how many it retrieves more; the first cells below are named.
+in every cell, +- 1 trial"), in how many it retrieves more, and its lowest cell among those where the reference
+retrieves >= 90 % ("none below 8/10 where dense is >= 9/10"); the first cells below are named.
 """
 from __future__ import annotations
 
@@ -51,8 +52,13 @@ def table(cells: dict, against: str) -> list[str]:
         below = [p for p in pairs if p[2] < p[3]]
         worse = [p for p in below if p[2] < p[3] - 1]
         above = sum(1 for p in pairs if p[2] > p[3])
+        # the lowest cell among those where the reference retrieves >= 90 % of its trials
+        strong = [(v[0], v[1]) for k, v in cells.items() if k[0] == a and (against, k[1], k[2]) in cells
+                  and cells[(against, k[1], k[2])][0] >= 0.9 * cells[(against, k[1], k[2])][1]]
+        low = min(strong, key=lambda ht: ht[0] / ht[1]) if strong else None
         lines.append(f"{a}: {len(below)} of {len(pairs)} cells below {against}, {len(worse)} by more than one trial, "
-                     f"{above} above" + ("" if not below else ": " + ", ".join(f"{L}@d{d} {h} vs {g}"
+                     f"{above} above" + (f"; lowest where {against} >= 90 %: {low[0]}/{low[1]}" if low else "")
+                     + ("" if not below else ": " + ", ".join(f"{L}@d{d} {h} vs {g}"
                                                                                for L, d, h, g in sorted(below)[:8])
                                             + (", ..." if len(below) > 8 else "")))
     return lines

@@ -404,3 +404,33 @@ def test_llamacpp_backend_retrieves_passkey_same_prompts(gguf_32k, tmp_path):
     _check_retrieval(res, 2048, 3)
     # the prompts are the torch backend's: same seeds, same needles, same lengths in tokens
     assert [a["seed"] for row in res["rows"] for a in row["answers"]] == [trial_seed(0, 2048, d, 0) for d in range(3)]
+
+
+def test_needle_summary_compares_cells_across_files(tmp_path):
+    """scripts/needle_summary.py: per-mode files of one grid side by side; cells below the reference, by more than
+    one trial, and the lowest cell where the reference retrieves >= 90 %."""
+    def grid(attn: str, kv: str, hits: dict) -> Path:
+        rows = [{"length": L, "depth_index": d, "depth": 50.0 * d, "attn": attn, "kv": kv, "hits": h, "trials": 10}
+                for (L, d), h in hits.items()]
+        p = tmp_path / f"{attn}-{kv}.json"
+        p.write_text(json.dumps({"task": "niah", "filler": "book", "kv": kv, "rows": rows}))
+        return p
+
+    dense = grid("dense", "f16", {(4096, 0): 10, (4096, 1): 9, (8192, 0): 8, (8192, 1): 10})
+    sparse = grid("sparse", "f16", {(4096, 0): 10, (4096, 1): 8, (8192, 0): 5, (8192, 1): 10})
+    asq = grid("sparse", "asq", {(4096, 0): 7, (4096, 1): 9, (8192, 0): 9, (8192, 1): 10})
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "needle_summary.py"),
+                        str(dense), str(sparse), str(asq)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "| 4096 | 19/20 | 18/20 | 16/20 |" in lines and "| 8192 | 18/20 | 15/20 | 19/20 |" in lines
+    # sparse: two cells below, one by more than one trial (8K d0: 5 vs 8, a cell where dense has < 90 %)
+    assert ("sparse: 2 of 4 cells below dense, 1 by more than one trial, 0 above; lowest where dense >= 90 %: 8/10: "
+            "4096@d1 8 vs 9, 8192@d0 5 vs 8") in lines
+    assert ("sparse/asq: 1 of 4 cells below dense, 1 by more than one trial, 1 above; lowest where dense >= 90 %: "
+            "7/10: 4096@d0 7 vs 10") in lines
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "needle_summary.py"), str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "not a dsa eval --needle JSON" in r.stderr.strip().splitlines()[-1]
