@@ -107,7 +107,7 @@ def test_decode_fused_sparse_attention(tiny_dsa, monkeypatch, cache_type, ubatch
     if ubatch4:
         assert np.abs(fused - unfused).max() / scale < 1e-3
     else:
-        # the prefill ubatch over this CPU cache (256 cells >= 3 x top-k) attends over its picks with the op too;
+        # the prefill ubatch over this CPU cache (256 cells >= 2 x top-k) attends over its picks with the op too;
         # LLAMA_DSA_FUSED=0 takes the masked flash-attention path there, whose error against kernels_ref (up to
         # 2.4e-2 of the range on the qwen3 file) then carries into the later rows through the cached K/V
         assert not np.array_equal(fused[:PREFILL], unfused[:PREFILL])
@@ -274,11 +274,11 @@ def test_selection_mask_without_the_add_is_used_and_exact(tiny_dsa, flash_attn):
 @pytest.mark.parametrize("cache_type", [1, 0], ids=["f16", "f32"])
 def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type):
     """A prefill-size ubatch attends over its picks with the sparse attention op instead of masked flash attention
-    over every cell from 16384 cells on a GPU and from 3 x top-k cells on the CPU (a cache in host memory). Forced here
+    over every cell from 16384 cells on a GPU and from 2 x top-k cells on the CPU (a cache in host memory). Forced here
     on every prefill ubatch (LLAMA_DSA_GATHER=always; ubatches of 16 tokens: the first two have tokens that see fewer
     than top-k cells and pass the causal mask to the op, later ones need none): it must match kernels_ref at least as
     well as the masked path (=never) and be a different graph. The default (auto) on the CPU, over this context's
-    256 cells: the op with top-k 24 and 80 (3 x 80 = 240 cells), the masked path with top-k 96 (288 cells)."""
+    256 cells: the op with top-k 24 and 128 (2 x 128 = 256 cells), the masked path with top-k 136 (272 cells)."""
     from dsa_convert.formats.gguf_read import GgufFile
 
     _, dsa = tiny_dsa
@@ -287,17 +287,17 @@ def test_prefill_gather_matches_masked_prefill(tiny_dsa, monkeypatch, cache_type
     ref = v.ref_logits(str(dsa), toks, sparse=True)
     kw = dict(n_ctx=128, n_ubatch=16, cache_type=cache_type, flash_attn=True)
     g = GgufFile(dsa)
-    top_k = {k: {f"{g.arch}.attention.indexer.top_k": k} for k in (80, 96)}
+    top_k = {k: {f"{g.arch}.attention.indexer.top_k": k} for k in (128, 136)}
     g.close()
-    default = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 80, 96)}
+    default = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 128, 136)}
     monkeypatch.setenv("LLAMA_DSA_GATHER", "always")
-    gathered = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 80)}
+    gathered = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 128)}
     monkeypatch.setenv("LLAMA_DSA_GATHER", "never")
-    masked = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 96)}
+    masked = {k: v.llama_logits(str(dsa), toks, overrides=top_k.get(k), **kw) for k in (TOPK, 136)}
     np.testing.assert_array_equal(default[TOPK], gathered[TOPK])
-    np.testing.assert_array_equal(default[80], gathered[80])
-    # top-k 96: the prefill ubatches are masked by default (the last ubatch, tokens 64-71, is decode-size)
-    np.testing.assert_array_equal(default[96][:64], masked[96][:64])
+    np.testing.assert_array_equal(default[128], gathered[128])
+    # top-k 136: the prefill ubatches are masked by default (the last ubatch, tokens 64-71, is decode-size)
+    np.testing.assert_array_equal(default[136][:64], masked[136][:64])
     gathered, masked = gathered[TOPK], masked[TOPK]
     assert not np.array_equal(gathered, masked)   # two different graphs ran
     scale = ref.max() - ref.min()
