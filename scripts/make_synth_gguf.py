@@ -37,42 +37,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_test_dsa_gguf import make_indexer_tensors  # noqa: E402
 from dsa_convert.dsa.config import indexer_types_every  # noqa: E402
-from dsa_convert.formats.hf_config import ModelSpec, RopeSpec  # noqa: E402
+from dsa_convert.formats.hf_config import SUPPORTED_ARCHS, ModelSpec, RopeSpec  # noqa: E402
 
 from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 
 
-ARCHS = {"llama": (gguf.MODEL_ARCH.LLAMA, "LlamaForCausalLM"), "qwen2": (gguf.MODEL_ARCH.QWEN2, "Qwen2ForCausalLM"),
-         "qwen3": (gguf.MODEL_ARCH.QWEN3, "Qwen3ForCausalLM")}
-
-
-def _spec(name: str, arch: str, n_layer: int, d: int, ff: int, n_head: int, n_head_kv: int, head_dim: int, vocab: int,
+def _spec(name: str, hf_arch: str, n_layer: int, d: int, ff: int, n_head: int, n_head_kv: int, head_dim: int, vocab: int,
           tied: bool, n_ctx: int = 131072, theta: float = 500000.0, llama3_factor: float | None = None,
           eps: float = 1e-5) -> ModelSpec:
     """The ModelSpec `dsa convert` would read from the model's config.json (llama3 rope scaling with original ctx
-    8192 when llama3_factor is set: rope_freqs.weight). qwen2 has q/k/v biases, qwen3 q/k norms. n_ctx is 128K for
-    every real shape so that benchmarks run there (the Qwen configs say 32K; speed does not depend on it)."""
+    8192 when llama3_factor is set: rope_freqs.weight; Qwen2 q/k/v biases, Qwen3 q/k norms, as hf_config reads them).
+    n_ctx is 128K for every real shape so that benchmarks run there (the Qwen configs say 32K; speed does not depend
+    on it)."""
     rope = RopeSpec(theta=theta, dim=head_dim, scaling="llama3" if llama3_factor else "none",
                     factor=llama3_factor or 1.0, original_ctx=8192)
-    arch_id, hf_arch = ARCHS[arch]
-    return ModelSpec(hf_arch, arch_id, n_layer, d, ff, n_head, n_head_kv, head_dim, n_ctx, vocab, eps, rope, tied,
-                     arch == "qwen2", arch == "qwen3", name=f"synth-{name}")
+    arch = SUPPORTED_ARCHS[hf_arch]
+    return ModelSpec(hf_arch, arch, n_layer, d, ff, n_head, n_head_kv, head_dim, n_ctx, vocab, eps, rope, tied,
+                     arch == gguf.MODEL_ARCH.QWEN2, arch == gguf.MODEL_ARCH.QWEN3, name=f"synth-{name}")
 
 
+LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 SHAPES: dict[str, ModelSpec] = {
-    "llama-3.2-1b": _spec("llama-3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 128256, True, llama3_factor=32.0),
-    "llama-3.2-3b": _spec("llama-3.2-3b", "llama", 28, 3072, 8192, 24, 8, 128, 128256, True, llama3_factor=32.0),
-    "llama-3.1-8b": _spec("llama-3.1-8b", "llama", 32, 4096, 14336, 32, 8, 128, 128256, False, llama3_factor=8.0),
-    "qwen2.5-0.5b": _spec("qwen2.5-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 151936, True, theta=1e6, eps=1e-6),
-    "qwen2.5-7b": _spec("qwen2.5-7b", "qwen2", 28, 3584, 18944, 28, 4, 128, 152064, False, theta=1e6, eps=1e-6),
-    "qwen3-8b": _spec("qwen3-8b", "qwen3", 36, 4096, 12288, 32, 8, 128, 151936, False, theta=1e6, eps=1e-6),
-    "mistral-7b": _spec("mistral-7b", "llama", 32, 4096, 14336, 32, 8, 128, 32768, False, theta=1e6),
+    "llama-3.2-1b": _spec("llama-3.2-1b", LLAMA, 16, 2048, 8192, 32, 8, 64, 128256, True, llama3_factor=32.0),
+    "llama-3.2-3b": _spec("llama-3.2-3b", LLAMA, 28, 3072, 8192, 24, 8, 128, 128256, True, llama3_factor=32.0),
+    "llama-3.1-8b": _spec("llama-3.1-8b", LLAMA, 32, 4096, 14336, 32, 8, 128, 128256, False, llama3_factor=8.0),
+    "qwen2.5-0.5b": _spec("qwen2.5-0.5b", QWEN2, 24, 896, 4864, 14, 2, 64, 151936, True, theta=1e6, eps=1e-6),
+    "qwen2.5-7b": _spec("qwen2.5-7b", QWEN2, 28, 3584, 18944, 28, 4, 128, 152064, False, theta=1e6, eps=1e-6),
+    "qwen3-8b": _spec("qwen3-8b", QWEN3, 36, 4096, 12288, 32, 8, 128, 151936, False, theta=1e6, eps=1e-6),
+    "mistral-7b": _spec("mistral-7b", MISTRAL, 32, 4096, 14336, 32, 8, 128, 32768, False, theta=1e6),
     # tests: K-quant friendly row lengths (multiples of 256), small vocab and context
-    "tiny": _spec("tiny", "llama", 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
-    "tiny-qwen2": _spec("tiny-qwen2", "qwen2", 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
-    "tiny-qwen3": _spec("tiny-qwen3", "qwen3", 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
+    "tiny": _spec("tiny", LLAMA, 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
+    "tiny-qwen2": _spec("tiny-qwen2", QWEN2, 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
+    "tiny-qwen3": _spec("tiny-qwen3", QWEN3, 2, 256, 512, 4, 2, 64, 512, True, n_ctx=2048, theta=10000.0),
 }
 
 
@@ -216,11 +214,12 @@ def _write_f16(path: Path, o: SynthOptions, spec: ModelSpec) -> int:
     return len(tensors)
 
 
-def make(o: SynthOptions) -> dict:
+def make(o: SynthOptions, spec: ModelSpec | None = None) -> dict:
     from dsa_convert.formats.atomic import atomic_output, check_output
 
     t0 = time.perf_counter()
-    spec = validate(o)
+    shape_spec = validate(o)
+    spec = spec or shape_spec     # a caller's variant of the shape (check_placement.py: 2 layers, small vocab)
     check_output(o.out, o.force)
     with atomic_output(o.out) as tmp:
         if o.outtype == "f16":

@@ -47,14 +47,15 @@ def table(cells: dict, against: str) -> list[str]:
     for a in labels:
         if a == against:
             continue
-        pairs = [(k[1], k[2], v[0], cells[(against, k[1], k[2])][0]) for k, v in cells.items()
-                 if k[0] == a and (against, k[1], k[2]) in cells]
+        # (length, depth, hits, reference hits) and the two (hits, trials)
+        cmp = [(k[1], k[2], v, cells[(against, k[1], k[2])]) for k, v in cells.items()
+               if k[0] == a and (against, k[1], k[2]) in cells]
+        pairs = [(L, d, v[0], r[0]) for L, d, v, r in cmp]
         below = [p for p in pairs if p[2] < p[3]]
         worse = [p for p in below if p[2] < p[3] - 1]
         above = sum(1 for p in pairs if p[2] > p[3])
         # the lowest cell among those where the reference retrieves >= 90 % of its trials
-        strong = [(v[0], v[1]) for k, v in cells.items() if k[0] == a and (against, k[1], k[2]) in cells
-                  and cells[(against, k[1], k[2])][0] >= 0.9 * cells[(against, k[1], k[2])][1]]
+        strong = [v for _, _, v, r in cmp if r[0] >= 0.9 * r[1]]
         low = min(strong, key=lambda ht: ht[0] / ht[1]) if strong else None
         lines.append(f"{a}: {len(below)} of {len(pairs)} cells below {against}, {len(worse)} by more than one trial, "
                      f"{above} above" + (f"; lowest where {against} >= 90 %: {low[0]}/{low[1]}" if low else "")

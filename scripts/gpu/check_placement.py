@@ -51,10 +51,9 @@ def write_gguf(main: Path, shape: str, cache: str, out: Path, top_k: int, n_embd
         if spec.attn_bias and n_embd != spec.n_head * spec.head_dim:
             # llama.cpp's qwen2 needs n_embd = n_head * head_dim: the llama architecture (NORM RoPE)
             spec = dataclasses.replace(spec, arch=gguf.MODEL_ARCH.LLAMA, hf_arch="LlamaForCausalLM", attn_bias=False)
-    m.SHAPES[shape] = spec
     o = m.SynthOptions(out, shape, top_k=top_k, local=min(64, top_k - 4), asq=64 if cache != "f16" else 0,
                        asq_bits=8 if cache == "asq8" else 4, force=True, quiet=True)
-    m.make(o)
+    m.make(o, spec)
 
 
 def run_model(path: Path, n_ctx: int, n_prompt: int, n_decode: int) -> None:
