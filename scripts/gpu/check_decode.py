@@ -51,13 +51,12 @@ def main() -> int:
     v.N_GPU_LAYERS = args.n_gpu_layers
     n = args.prefill + args.decode
     n_ctx = 256 * ((n + 255) // 256)
-    toks = np.random.default_rng(args.seed).integers(3, 4000, n)
-    overrides = None
-    if not asq_on:
-        from dsa_convert.formats.gguf_read import GgufFile
-        g = GgufFile(Path(args.dsa_gguf))
-        overrides = {f"{g.arch}.dsa.asq.cache": False}
-        g.close()
+    from dsa_convert.formats.gguf_read import GgufFile
+    g = GgufFile(Path(args.dsa_gguf))
+    n_vocab = g.tensors["token_embd.weight"].shape[0]
+    overrides = None if asq_on else {f"{g.arch}.dsa.asq.cache": False}
+    g.close()
+    toks = np.random.default_rng(args.seed).integers(3, min(4000, n_vocab), n)   # ids of the file's vocabulary
 
     def run(**kw) -> np.ndarray:
         return v.llama_logits(args.dsa_gguf, toks, overrides, n_ctx=n_ctx, prefill=args.prefill, flash_attn=True,
@@ -79,7 +78,7 @@ def main() -> int:
         ok &= cond
         print(f"[{'PASS' if cond else 'FAIL'}] {name} ({detail})")
 
-    print(f"--kv {args.kv}: op vs {switch}=0, {args.prefill} prefill + {args.decode} decodes, "
+    print(f"--kv {args.kv}: op vs LLAMA_DSA_FUSED=0, {args.prefill} prefill + {args.decode} decodes, "
           f"{args.n_gpu_layers} GPU layers")
     check("prefill rows: op and older form run the same masked path", np.array_equal(op[: args.prefill],
           older[: args.prefill]), "bit-exact")

@@ -12,9 +12,16 @@ scheduler's node assignments ("node #  N (OP): name (size) [BACKEND cause]"). A 
   * any node of a layer (name "...-<il>") is assigned to the CPU backend, or
   * the context cannot be created (the patch's loud refusal: the error text is printed).
 
+With `--checks decode` (or `placement,decode`) each file's decode logits are also held to kernels_ref by
+scripts/gpu/check_decode.py (prefill, single-token decodes through the fused op, its older form and the masked path;
+--kv f16 for the f16 files, the file's ASQ cache for asq4 / asq8), on the GPU with --n-gpu-layers 99 or on the CPU
+with --n-gpu-layers 0 (then run it with --checks decode only: placement needs a GPU).
+
 Usage (on the GPU machine, with the patched llama_cpp importable), from the repository root:
     python3 scripts/gpu/check_placement.py --out /tmp/dsa-place            # all shapes x f16/asq4/asq8
     python3 scripts/gpu/check_placement.py --shapes qwen2.5-7b --caches asq4 -v
+    python3 scripts/gpu/check_placement.py --checks placement,decode --caches f16,asq4 -v
+    python3 scripts/gpu/check_placement.py --checks decode --n-gpu-layers 0 --caches f16,asq4   # the CPU backend
 Exit code 0: all PASS. Files are kept in --out (reused when present; --force rewrites them).
 Qwen shapes are written with the qwen2 / qwen3 architectures (q/k/v biases, q/k norms: NEOX RoPE, which the ASQ
 fused op treats differently from the llama NORM RoPE).
@@ -94,6 +101,19 @@ def check(path: Path, args) -> tuple[bool, str]:
     return True, f"{n_nodes} node assignments parsed, {n_gpu} on the GPU, no DSA / layer node on the CPU"
 
 
+def check_decode(path: Path, cache: str, args) -> tuple[bool, str]:
+    """scripts/gpu/check_decode.py on one file: decode logits of the fused op / older form / masked path against
+    kernels_ref (its PASS / FAIL lines, exit code 0 when all pass)."""
+    cmd = [sys.executable, str(Path(__file__).with_name("check_decode.py")), str(path),
+           "--kv", "f16" if cache == "f16" else "asq", "--prefill", str(args.dc_prefill), "--decode", str(args.dc_decode),
+           "--n-gpu-layers", str(args.n_gpu_layers)]
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    lines = [ln.strip() for ln in p.stdout.splitlines() if ln.startswith(("[PASS]", "[FAIL]", "       "))]
+    if p.returncode not in (0, 1) or not lines:
+        return False, "check_decode.py failed (rc %d): %s" % (p.returncode, (p.stderr or p.stdout).strip()[-400:])
+    return p.returncode == 0, "decode vs kernels_ref:\n    " + "\n    ".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--main", type=Path, default=Path(__file__).resolve().parents[2], help="dsa checkout (dsa_convert, scripts/)")
@@ -106,12 +126,20 @@ def main() -> int:
     ap.add_argument("--n-decode", type=int, default=4)
     ap.add_argument("--embd", type=int, default=0, help="embedding width of the files (0: the model's)")
     ap.add_argument("--force", action="store_true", help="rewrite the GGUFs")
+    ap.add_argument("--checks", default="placement", help="comma list of placement (node assignments), decode "
+                    "(logits against kernels_ref: check_decode.py)")
+    ap.add_argument("--n-gpu-layers", type=int, default=99, help="layers on the GPU for the decode check (0: CPU)")
+    ap.add_argument("--dc-prefill", type=int, default=300, help="decode check: prefill tokens (> top-k)")
+    ap.add_argument("--dc-decode", type=int, default=16, help="decode check: single-token decodes")
     ap.add_argument("-v", action="store_true", help="print the details of passing shapes too")
     ap.add_argument("--run", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
         run_model(args.run, args.n_ctx, args.n_prompt, args.n_decode)
         return 0
+    checks = set(args.checks.split(","))
+    if not checks or checks - {"placement", "decode"}:
+        ap.error(f"--checks: placement and / or decode, not {args.checks!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     ok_all = True
     for shape in args.shapes.split(","):
@@ -124,10 +152,13 @@ def main() -> int:
                     print(f"FAIL {shape:14s} {cache:5s} cannot write GGUF: {r.stderr.strip()[-400:]}")
                     ok_all = False
                     continue
-            ok, msg = check(path, args)
-            ok_all &= ok
-            print(f"{'PASS' if ok else 'FAIL'} {shape:14s} {cache:5s} " + (msg if (not ok or args.v) else ""))
-            sys.stdout.flush()
+            for name, fn in (("placement", lambda: check(path, args)), ("decode", lambda: check_decode(path, cache, args))):
+                if name not in checks:
+                    continue
+                ok, msg = fn()
+                ok_all &= ok
+                print(f"{'PASS' if ok else 'FAIL'} {shape:14s} {cache:5s} {name:9s} " + (msg if (not ok or args.v) else ""))
+                sys.stdout.flush()
     return 0 if ok_all else 1
 
 
