@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The decode path of the patched llama.cpp on a trained DSA file (e.g. the reference DSA model), CPU or GPU: prefill,
+"""The decode path of the patched llama.cpp on a DSA file (the reference DSA model, or check_placement.py's shapes), CPU or GPU: prefill,
 then single-token evals with the in-place attention op over the picks (the default) vs its older form, both vs the
 masked path and kernels_ref (torch on the CPU, in a separate process).
 
@@ -80,8 +80,17 @@ def main() -> int:
 
     print(f"--kv {args.kv}: op vs LLAMA_DSA_FUSED=0, {args.prefill} prefill + {args.decode} decodes, "
           f"{args.n_gpu_layers} GPU layers")
-    check("prefill rows: op and older form run the same masked path", np.array_equal(op[: args.prefill],
-          older[: args.prefill]), "bit-exact")
+    # prefill rows: the same path in both forms where the prefill attends masked (the GPU below its gather threshold,
+    # any ASQ prefill); where the op takes the prefill (the CPU from 2 x top-k cells) each form against kernels_ref
+    p = slice(0, args.prefill)
+    if np.array_equal(op[p], older[p]):
+        print("       prefill rows: op and older form bit-identical (the same path)")
+    else:
+        base_p = np.median(np.abs(masked[p] - ref[p]).max(axis=1) / scale)
+        for name, got in (("in-place op", op), ("older form", older)):
+            row = np.abs(got[p] - ref[p]).max(axis=1) / scale
+            check(f"prefill: {name} vs kernels_ref", np.median(row) < max(1.5 * base_p, 1e-3),
+                  f"per-row max err median {np.median(row):.2e}, masked prefill's {base_p:.2e}")
     e = np.abs(op[d] - older[d]).max() / scale
     if e == 0:   # possible where the op repeats the older form's arithmetic (the CPU's F16 form does, on this VM)
         print("       decode: op and older form bit-identical")
