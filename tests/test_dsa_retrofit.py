@@ -64,6 +64,10 @@ def test_retrofit_tiny_end_to_end(tiny_llama, calib_file, tmp_path, monkeypatch)
     assert all(t.dtype == np.float32 for t in res.tensors.values())
     assert any(e["stage"] == "indexer_dense" for e in events) and events[-1]["stage"] == "done"
     assert "pre_rope" in str(res.report["asq"]["key_space_mean_err"])
+    # the wall time split into disjoint stages that add up to (nearly all of) it
+    st = res.report["stage_seconds"]
+    assert {"load", "calib_forward", "train", "eval_kl", "asq_fit", "split"} <= st.keys(), st
+    assert all(v >= 0 for v in st.values()) and sum(st.values()) <= res.report["seconds"] + 1e-3
     text = tmp_path / "eval.txt"
     text.write_text(wiki_passage(20000))
     for attn, kv in (("dense", "f32"), ("sparse", "f16"), ("oracle", "asq"), ("local", "f16"), ("random", "f16")):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -185,6 +186,26 @@ def _keeps_pass_a_data(hp, types: list[bool], plan, dev: str) -> bool:
     return need + working <= MEMORY_SHARE * free_memory_bytes(dev)
 
 
+class StageClock:
+    """Wall seconds per stage of the retrofit, summed over the stage's calls (the report's `stage_seconds`; the
+    stages are disjoint, so they add up to about the whole). On a GPU each stage ends with a synchronize, so that
+    a stage's queued kernels are not billed to the next one."""
+
+    def __init__(self, device: str):
+        self.seconds: dict[str, float] = {}
+        self.cuda = device.startswith("cuda")
+
+    @contextmanager
+    def __call__(self, stage: str):
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.time() - t0
+
+
 def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn] = None, model=None) -> DsaResult:
     """Train indexers, pick the split, fit ASQ; see the module docstring. ``model``: a RefModel to reuse."""
     from ..kernels_ref.model import RefModel
@@ -193,7 +214,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         torch.set_num_threads(cfg.threads)
     t_start = time.time()
     dev = cfg.resolve_device()
-    model = model or RefModel.from_hf(Path(model_dir), device=dev)
+    clock = StageClock(dev)
+    with clock("load"):
+        model = model or RefModel.from_hf(Path(model_dir), device=dev)
     hp = model.hp
     group = 1 if cfg.searches_placement else cfg.index_share
     plan = plan_calibration(ctx=cfg.ctx, calib_tokens=cfg.calib_tokens, calib_chunks=cfg.calib_chunks,
@@ -208,7 +231,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                             f"({plan.reason}; pass --calib-ctx)")
     if cfg.cluster_num is not None and hp.head_dim < 2:
         raise BadInputError("ASQ needs head_dim >= 2")
-    tokens = calib_chunks(cfg.calib, Path(model_dir), ctx, n_train + n_held)
+    with clock("load"):
+        tokens = calib_chunks(cfg.calib, Path(model_dir), ctx, n_train + n_held)
     pos = torch.arange(ctx, device=model.device)
     emit = progress or (lambda d: None)
     user_split = cfg.sink is not None and cfg.local is not None
@@ -233,68 +257,72 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
 
     # ---- pass A: dense warm-up (+ sparse phase when the split is given), ASQ samples, layer by layer
     emit({"stage": "calib_forward", "chunks": n_train + n_held, "ctx": ctx})
-    h = torch.stack([model.embed(t) for t in tokens])
+    with clock("calib_forward"):
+        h = torch.stack([model.embed(t) for t in tokens])
     pass_b = not user_split and sparse_steps > 0
     kept: dict[int, LayerCalib] | None = {} if pass_b and _keeps_pass_a_data(hp, types, plan, dev) else None
     rep["calibration"]["sparse_phase_data"] = ("kept from the first pass" if kept is not None else
                                                "recomputed" if pass_b else "none")
-    t_asq = 0.0
     spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
     rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
     for il, end in _groups(types):
         samplers = {j: AsqSampler(per_chunk, cfg.seed + j) for j in range(il, end)} if cfg.cluster_num is not None \
             else {}
-        data, held, h = _group_pass(model, il, end, h, pos, n_train, samplers)
-        w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
-                         cfg.seed + il)
-        w = train_layer(data, w, steps=plan.steps, phase="dense", **kw(il))
-        if user_split:
-            w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
+        with clock("calib_forward"):
+            data, held, h = _group_pass(model, il, end, h, pos, n_train, samplers)
+        with clock("train"):
+            w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base,
+                             cfg.seed + il)
+            w = train_layer(data, w, steps=plan.steps, phase="dense", **kw(il))
+            if user_split:
+                w = train_layer(data, w, steps=sparse_steps, phase="sparse", sink=cfg.sink, local=cfg.local, **kw(il))
         indexers[il] = w
-        rep["layers"].setdefault(il, {})["heldout_kl_dense_phase" if held is not None else "train_kl_dense_phase"] = \
-            eval_kl(held if held is not None else data, w, cfg.top_k, device=dev)
+        with clock("eval_kl"):
+            rep["layers"].setdefault(il, {})["heldout_kl_dense_phase" if held is not None else "train_kl_dense_phase"] \
+                = eval_kl(held if held is not None else data, w, cfg.top_k, device=dev)
         if kept is not None:
             kept[il] = data
         del data, held
         for j, sampler in samplers.items():
             emit({"stage": "asq_fit", "layer": j})
-            t0 = time.time()
-            asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
-                                        cfg.seed + j, spaces=spaces))
-            t_asq += time.time() - t0
+            with clock("asq_fit"):
+                asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
+                                            cfg.seed + j, spaces=spaces))
     del h
-    rep["stage_seconds"] = {"pass_a": time.time() - t_start, "asq_fit": t_asq}
 
     # ---- split by calibration loss, then the sparse phase (pass B) with the chosen split
     held = tokens[n_train:] if n_held else tokens[: max(1, min(2, n_train))]
     if user_split:
         sink, local, split_source = cfg.sink, cfg.local, "user"
     else:
-        sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink, select=cfg.select,
-                                         block_size=cfg.block_size, progress=emit, indexer_types=types,
-                                         search=plan.split_search)
+        with clock("split"):
+            sink, local, srep = choose_split(model, held, indexers, top_k=cfg.top_k, sink=cfg.sink,
+                                             select=cfg.select, block_size=cfg.block_size, progress=emit,
+                                             indexer_types=types, search=plan.split_search)
         rep["split"] = srep
         split_source = "calibrated"
         if sparse_steps > 0:
-            t0 = time.time()
-            h = torch.stack([model.embed(t) for t in tokens[:n_train]]) if kept is None else None
+            with clock("calib_forward"):
+                h = torch.stack([model.embed(t) for t in tokens[:n_train]]) if kept is None else None
             for il, end in _groups(types):
                 if kept is not None:
                     data = kept.pop(il)
                 else:
-                    data, _, h = _group_pass(model, il, end, h, pos, n_train, {})
-                indexers[il] = train_layer(data, indexers[il], steps=sparse_steps, phase="sparse", sink=sink,
-                                           local=local, **kw(il))
+                    with clock("calib_forward"):
+                        data, _, h = _group_pass(model, il, end, h, pos, n_train, {})
+                with clock("train"):
+                    indexers[il] = train_layer(data, indexers[il], steps=sparse_steps, phase="sparse", sink=sink,
+                                               local=local, **kw(il))
                 del data
             del h
-            rep["stage_seconds"]["sparse_phase"] = time.time() - t0
     rep["sink"], rep["local"], rep["split_source"] = sink, local, split_source
 
     # ---- which layers keep their indexer (--index-share G, searched placement)
     if cfg.searches_placement:
-        types, rep["placement"] = choose_full_layers(
-            model, held, indexers, n_full=n_full_layers(hp.n_layer, cfg.index_share), top_k=cfg.top_k, sink=sink,
-            local=local, select=cfg.select, block_size=cfg.block_size, progress=emit)
+        with clock("placement"):
+            types, rep["placement"] = choose_full_layers(
+                model, held, indexers, n_full=n_full_layers(hp.n_layer, cfg.index_share), top_k=cfg.top_k,
+                sink=sink, local=local, select=cfg.select, block_size=cfg.block_size, progress=emit)
         for il in [il for il in indexers if not types[il]]:
             del indexers[il]
             rep["layers"].setdefault(il, {})["shared_after_placement"] = True
@@ -318,6 +346,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             tensors[f"blk.{il}.dsa.asq_k_proto"] = np.ascontiguousarray(la.k_proto[key_space].numpy())
             tensors[f"blk.{il}.dsa.asq_v_proto"] = np.ascontiguousarray(la.v_proto.numpy())
     rep["seconds"] = time.time() - t_start
+    rep["stage_seconds"] = {k: round(v, 3) for k, v in clock.seconds.items()}
     rep["peak_rss_mib"] = peak_rss_mib()
     if dev.startswith("cuda"):
         rep["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
