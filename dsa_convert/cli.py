@@ -348,6 +348,10 @@ def bench(
     batch: int = typer.Option(512, help="prefill batch (n_batch = n_ubatch)"),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)"),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
+    dense_flash_attn: str = typer.Option("same", "--dense-flash-attn",
+                                         help="flash attention of the dense runs: same (as --flash-attn) | on | off | "
+                                              "both (two dense runs per ctx; sparse ÷ dense then uses the faster one "
+                                              "per metric: on some CPUs the dense decode is faster without it)"),
     force: bool = typer.Option(False, "--force", help="allow --ctx beyond the model's trained context"),
     seed: int = typer.Option(0, help="seed of the random token ids"),
     plot: Optional[Path] = typer.Option(None, help="PNG: decode tok/s vs context, sparse and dense"),
@@ -372,7 +376,8 @@ def bench(
 
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
                      kv=kv.lower(), index_keys=_lower(index_keys), batch=batch, threads=threads,
-                     flash_attn=flash_attn, force=force, seed=seed, plot=plot, jsonl=jsonl, variants=list(variant),
+                     flash_attn=flash_attn, dense_flash_attn=dense_flash_attn.lower(), force=force, seed=seed,
+                     plot=plot, jsonl=jsonl, variants=list(variant),
                      quiet=as_json, cpus=cpus, indexer_share=indexer_share)
     rows = run(file, o)
     if plot is not None:

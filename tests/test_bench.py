@@ -164,6 +164,23 @@ def test_bench_no_indexer_share_skips_the_second_context(tiny):
 
 
 @requires_backend
+def test_bench_dense_flash_attn_both_runs_dense_twice(tiny):
+    r = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--threads", "1", "--no-indexer-share",
+                "--dense-flash-attn", "both", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["attn"], x["flash_attn"]) for x in rows] == [("sparse", True), ("dense", True), ("dense", False)]
+    fast = {m: max(rows[1:], key=lambda x: x[f"{m}_tok_s"]) for m in ("decode", "prefill")}
+    assert rows[0]["decode_vs_dense"] == pytest.approx(rows[0]["decode_tok_s"] / fast["decode"]["decode_tok_s"],
+                                                       rel=1e-3)
+    assert rows[0]["vs_dense_flash_attn"] == {m: fast[m]["flash_attn"] for m in ("decode", "prefill")}
+    off = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--threads", "1", "--no-indexer-share",
+                  "--attn", "dense", "--dense-flash-attn", "off", "--json")
+    assert off.returncode == 0, off.stderr
+    assert [x["flash_attn"] for x in json.loads(off.stdout)] == [False]
+
+
+@requires_backend
 def test_bench_text_output_kv_type_and_jsonl(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_DSA_FUSED", "0")        # the patch's switches in effect are recorded with the row
     monkeypatch.setenv("GGML_CUDA_GRAPH_OPT", "1")    # and ggml's CUDA ones (no effect on the CPU)
@@ -223,6 +240,8 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--kv", "int3"], "unknown --kv"),
     (["--kv", "asq"], "no ASQ prototypes"),
     (["--kv", "q4_0", "--no-flash-attn"], "flash attention"),
+    (["--kv", "q4_0", "--dense-flash-attn", "both"], "flash attention"),
+    (["--dense-flash-attn", "sometimes"], "unknown --dense-flash-attn 'sometimes'"),
     (["--gen", "0"], "--gen must be > 0"),
     (["--index-keys", "q8_0"], "unknown --index-keys"),
     (["--variant", "FUSED=0"], "expected LLAMA_DSA_NAME=VALUE"),
@@ -418,6 +437,36 @@ def test_render_prints_sparse_over_dense_per_ctx():
     add_ratios(rows)   # the sweep's returned / --json rows carry them too
     assert rows[0]["decode_vs_dense"] == 1.35 and rows[0]["prefill_vs_dense"] == 0.4
     assert rows[2]["decode_vs_dense"] == 1.5 and "decode_vs_dense" not in rows[3] and "decode_vs_dense" not in rows[5]
+
+
+def test_ratios_take_the_faster_dense_row_per_metric():
+    """--dense-flash-attn both: a ctx has a dense row with and one without flash attention; sparse ÷ dense takes, per
+    metric, the faster (the CPU case: dense decodes faster without it, prefills faster with it), says which, and the
+    indexer share compares with the dense row of the sparse row's own flash attention."""
+    from dsa_convert.eval.bench import add_indexer_share, add_ratios, ratios, render
+
+    base = {"ctx": 32768, "kv_bytes": 2**20, "kv_bytes_per_token": 64.0, "device": "cpu", "variant": None,
+            "indexer_decode_ms_per_tok": None, "host_us_per_decode_token": None, "decode_tokens": 16}
+    sparse = {**base, "attn": "sparse", "flash_attn": True, "decode_tok_s": 12.0, "prefill_tok_s": 60.0,
+              "decode_s": 16 / 12.0, "prefill_s": 32768 / 60.0, "indexer_only_decode_s": None}
+    fa_on = {**base, "attn": "dense", "flash_attn": True, "decode_tok_s": 1.0, "prefill_tok_s": 30.0,
+             "decode_s": 16.0, "prefill_s": 32768 / 30.0}
+    fa_off = {**base, "attn": "dense", "flash_attn": False, "decode_tok_s": 4.0, "prefill_tok_s": 20.0,
+              "decode_s": 4.0, "prefill_s": 32768 / 20.0}
+    rows = [sparse, fa_on, fa_off]
+    (x,) = ratios(rows)
+    assert x["decode"] == pytest.approx(3.0) and x["prefill"] == pytest.approx(2.0)
+    assert x["dense_flash_attn"] == {"decode": False, "prefill": True}
+    text = render(rows)
+    assert "against the faster dense row per metric" in text
+    assert "   32768  decode 3.00×  prefill 2.00×  (dense fa: decode off, prefill on)" in text
+    assert "   32768  dense off" in text and "   32768  dense  on" in text
+    add_ratios(rows)
+    assert sparse["decode_vs_dense"] == 3.0 and sparse["vs_dense_flash_attn"] == {"decode": False, "prefill": True}
+    add_indexer_share(rows)          # against the flash-attention dense row, like the sparse run
+    assert sparse["indexer_share_decode_est"] == pytest.approx(1 - 16.0 / (16 / 12.0), rel=1e-3)
+    single = [dict(sparse), dict(fa_on)]
+    assert "dense fa:" not in render(single) and "per metric" not in render(single)
 
 
 def test_crossover_is_the_first_ctx_from_which_sparse_stays_ahead():

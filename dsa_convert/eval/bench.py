@@ -1,7 +1,8 @@
 """`dsa bench`: prefill and decode speed, and KV-cache size, per context length, sparse vs dense.
 
 For every (ctx, attn) pair a fresh llama.cpp context of n_ctx = ctx + 2 gen + 3 is created (the file's top-k for
-`sparse`, the run-time override top_k = 0 for `dense`; flash attention on by default for both), a warm-up
+`sparse`, the run-time override top_k = 0 for `dense`; flash attention on by default for both; --dense-flash-attn
+off | both runs dense without it, or once with and once without, the ratios then taking the faster), a warm-up
 batch is decoded and cleared, then ctx random token ids are prefilled (batches of --batch, timed until
 llama_synchronize), 3 tokens are decoded untimed at that depth (so the sparse decode graph is built and, on CUDA,
 captured before the timing: the warm-up batch decoded at a depth below top-k, where every key is selected and the
@@ -73,6 +74,9 @@ RECORDED_ENV = ("LLAMA_DSA_", "GGML_CUDA_")
 VARIANT_SWITCHES = {"LLAMA_DSA_FUSED": ("1", "0"), "LLAMA_DSA_HOST_MASKS": ("0", "1"),
                     "LLAMA_DSA_GATHER": ("auto", "never", "always")}
 DEFAULT_CTX = (4096, 16384, 65536, 131072)
+# flash attention of the dense runs: `same` as --flash-attn, or on / off, or both (two dense runs per ctx; the ratios
+# then take, per metric, the faster one: on some CPUs llama.cpp's flash-attention decode is slower than without it)
+DENSE_FLASH_ATTN = ("same", "on", "off", "both")
 
 
 @dataclass
@@ -86,6 +90,7 @@ class BenchOptions:
     batch: int = 512                  # n_batch = n_ubatch of the context
     threads: int | None = None        # None: os.cpu_count()
     flash_attn: bool = True
+    dense_flash_attn: str = "same"    # DENSE_FLASH_ATTN
     force: bool = False               # allow ctx > the model's trained context
     seed: int = 0
     plot: Path | None = None          # checked before the runs (the PNG is written by write_plot)
@@ -115,6 +120,11 @@ def parse_int_list(spec: str, what: str) -> list[int]:
         except ValueError:
             raise BadInputError(f"{what}: {part!r} is not an integer") from None
     return out
+
+
+def dense_flash_attn_settings(o: BenchOptions) -> list[bool]:
+    """The flash-attention settings the dense runs of each ctx use, in run order."""
+    return {"same": [o.flash_attn], "on": [True], "off": [False], "both": [True, False]}[o.dense_flash_attn]
 
 
 def parse_attn(spec: str) -> list[str]:
@@ -209,7 +219,12 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         raise BadInputError(f"--n-gpu-layers must be >= 0 (got {o.n_gpu_layers})")
     if o.kv not in KV_TYPES:
         raise BadInputError(f"unknown --kv {o.kv!r} (choose from {', '.join(KV_TYPES)})")
+    if o.dense_flash_attn not in DENSE_FLASH_ATTN:
+        raise BadInputError(f"unknown --dense-flash-attn {o.dense_flash_attn!r} (choose from {', '.join(DENSE_FLASH_ATTN)})")
     check_kv_flash_attn(o.kv, o.flash_attn)    # before the sweep, not as a failed row per run
+    if "dense" in o.attn:
+        for fa in dense_flash_attn_settings(o):
+            check_kv_flash_attn(o.kv, fa)
     for m in o.attn:
         if m not in ATTN_MODES:
             raise BadInputError(f"unknown --attn {m!r} (choose from sparse, dense)")
@@ -272,13 +287,13 @@ def _prefill(lc, ctx, toks: np.ndarray, batch: int) -> float:
 WARM_DECODES = 3   # untimed single-token decodes between the prefill and the timed ones
 
 
-def _timed_context(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo) -> dict:
+def _timed_context(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo, flash_attn: bool) -> dict:
     """One context: warm-up, the timed prefill of ctx_len random tokens, WARM_DECODES untimed and --gen timed
     single-token decodes; the context is freed before returning (the patch logs its host timing then). The patch's
     switches in the environment apply: llama.cpp reads them when the context is created."""
     threads = o.threads or (os.cpu_count() or 1)
     ropts = RunnerOptions(n_ctx=ctx_len + 2 * o.gen + WARM_DECODES, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
-                          flash_attn=o.flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
+                          flash_attn=flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
                           n_threads=threads, logits_all=False)
     t0 = time.perf_counter()
     with capture_log(lc) as log:
@@ -317,13 +332,16 @@ def _timed_context(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi:
             "prefill_perf": prefill_perf, "perf": perf, "host_cpu": cpu_at_decode, "close_log": "".join(close_log)}
 
 
-def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo, variant: str | None = None) -> dict:
+def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileInfo, variant: str | None = None,
+            flash_attn: bool | None = None) -> dict:
+    """One (ctx, attn) run; flash_attn None: --flash-attn's setting."""
+    fa = o.flash_attn if flash_attn is None else flash_attn
     with _patch_switch("LLAMA_DSA_HOST_TIMING", "1"):   # the patch times the host part of every ubatch
-        m = _timed_context(lc, path, ctx_len, attn, o, fi)
+        m = _timed_context(lc, path, ctx_len, attn, o, fi, fa)
     indexer_only_s = None
     if attn == "sparse" and o.indexer_share:   # a second context: the same steps, the selection computed, dense attention
         with _patch_switch("LLAMA_DSA_INDEXER_ONLY", "1"):
-            indexer_only_s = _timed_context(lc, path, ctx_len, attn, o, fi)["decode_s"]
+            indexer_only_s = _timed_context(lc, path, ctx_len, attn, o, fi, fa)["decode_s"]
     kv, perf, pre = m["kv"], m["perf"], m["prefill_perf"]
     prefill_s, decode_s = m["prefill_s"], m["decode_s"]
     host_us = parse_host_timing(m["close_log"])
@@ -347,7 +365,7 @@ def run_one(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi: FileIn
         "kv_type": o.kv, "index_keys": fi.index_keys[attn],
         "kv_buffers": kv.kv_buffers, "compute_buffers": kv.compute_buffers,
         "device": _device(lc, o.n_gpu_layers, kv), "n_gpu_layers": o.n_gpu_layers,
-        "flash_attn": o.flash_attn, "batch": o.batch, "threads": m["threads"], "load_s": round(m["load_s"], 3),
+        "flash_attn": fa, "batch": o.batch, "threads": m["threads"], "load_s": round(m["load_s"], 3),
         "process_peak_rss_mib": round(peak_rss_mib(), 1),
         "variant": variant, "pid": os.getpid(), "host_cpu": m["host_cpu"],
         "llama_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)},
@@ -378,12 +396,13 @@ def parse_host_timing_prefill(log: str) -> dict | None:
 
 
 def add_indexer_share(rows: list[dict]) -> None:
-    """Sparse rows get 1 - t_dense / t_sparse (prefill and decode) where dense ran at the same ctx."""
-    dense = {r["ctx"]: r for r in rows if r["attn"] == "dense" and "error" not in r}
+    """Sparse rows get 1 - t_dense / t_sparse (prefill and decode) where dense ran at the same ctx, with the sparse
+    row's flash attention (the INDEXER_ONLY context attends densely with it)."""
+    dense = {(r["ctx"], r.get("flash_attn")): r for r in rows if r["attn"] == "dense" and "error" not in r}
     for r in rows:
         if r["attn"] != "sparse" or "error" in r:
             continue
-        d = dense.get(r["ctx"])
+        d = dense.get((r["ctx"], r.get("flash_attn")))
         for ph in ("prefill", "decode"):
             r[f"indexer_share_{ph}_est"] = (round(1.0 - d[f"{ph}_s"] / r[f"{ph}_s"], 4)
                                             if d and r[f"{ph}_s"] > 0 else None)
@@ -405,18 +424,22 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
         host_cpu.pin(o.cpus)                  # before any run: variant processes inherit it
     lc = import_llama_cpp()
     rows: list[dict] = []
-    runs = [(c, a, None) for c in o.ctx for a in o.attn]
-    for i, c in enumerate(o.ctx):          # each ctx's variant runs right after its plain ones
-        at = (i + 1) * len(o.attn) + i * len(o.variants)
-        runs[at:at] = [(c, "sparse", v) for v in o.variants]
+    dense_fa = dense_flash_attn_settings(o)
+    runs = []
+    for c in o.ctx:                        # each ctx's variant runs right after its plain ones
+        for a in o.attn:
+            runs += [(c, a, None, fa) for fa in (dense_fa if a == "dense" else [o.flash_attn])]
+        runs += [(c, "sparse", v, o.flash_attn) for v in o.variants]
+    mixed_fa = len({fa for *_, fa in runs}) > 1
     with task("bench", len(runs), quiet=o.quiet) as bar:
-        for c, a, v in runs:
-            label = f"ctx {c} {a}" + (f" [{v}]" if v else "")
+        for c, a, v, fa in runs:
+            label = f"ctx {c} {a}" + (f" fa {'on' if fa else 'off'}" if mixed_fa else "") + (f" [{v}]" if v else "")
             try:
-                rows.append(_run_variant(Path(path), c, o, fi, v) if v else run_one(lc, Path(path), c, a, o, fi))
+                rows.append(_run_variant(Path(path), c, o, fi, v) if v else
+                            run_one(lc, Path(path), c, a, o, fi, flash_attn=fa))
                 info = f"{label}: {rows[-1]['decode_tok_s']:.1f} tok/s decode"
             except (DsaError, RuntimeError, MemoryError) as e:
-                rows.append({"ctx": c, "attn": a, "variant": v,
+                rows.append({"ctx": c, "attn": a, "variant": v, "flash_attn": fa,
                              "error": str(e).splitlines()[0] if str(e) else repr(e)})
                 info = f"{label}: failed"
             if o.jsonl is not None:
@@ -447,13 +470,17 @@ def write_plot(rows: list[dict], out: Path, title: str, metric: str = "decode") 
     if not out.resolve().parent.is_dir():
         raise BadInputError(f"--plot: directory does not exist: {out.resolve().parent}")
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    lines = [(m, None) for m in ATTN_MODES] + sorted({("sparse", r["variant"]) for r in rows if r.get("variant")})
-    for mode, variant in lines:
+    mixed = _mixed_dense_fa(rows)     # one dense line per flash-attention setting
+    fas = lambda mode: sorted({r.get("flash_attn") for r in rows if r["attn"] == mode}, key=str) if mixed else [None]  # noqa: E731
+    lines = [(m, None, fa) for m in ATTN_MODES for fa in fas(m)] + \
+        sorted({("sparse", r["variant"], None) for r in rows if r.get("variant")})
+    for mode, variant, fa in lines:
         pts = sorted((r["ctx"], r[key]) for r in rows
-                     if r["attn"] == mode and r.get("variant") == variant and "error" not in r and key in r)
+                     if r["attn"] == mode and r.get("variant") == variant and "error" not in r and key in r
+                     and (fa is None or r.get("flash_attn") == fa))
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    label=mode if variant is None else f"{mode} [{variant}]")
+            label = mode + (f" (fa {_fa(fa)})" if fa is not None else "") + (f" [{variant}]" if variant else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel(ylabel)
@@ -494,17 +521,34 @@ def read_jsonl(path: Path, require_row: bool = False) -> list[dict]:
     return rows
 
 
+def fastest_dense(rows: list[dict]) -> dict[int, dict[str, dict]]:
+    """Per ctx, the dense row with the most tok/s for each metric (decode, prefill): with --dense-flash-attn both a ctx
+    has a dense row with and one without flash attention, and sparse is held to the faster of the two."""
+    best: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        if r.get("attn") != "dense" or "error" in r:
+            continue
+        b = best.setdefault(r["ctx"], {})
+        for m in ("decode", "prefill"):
+            if m not in b or r[f"{m}_tok_s"] > b[m][f"{m}_tok_s"]:
+                b[m] = r
+    return best
+
+
 def ratios(rows: list[dict]) -> list[dict]:
     """Sparse ÷ dense tok/s per ctx of one sweep (issue #6's measure): one entry per sparse row, plain or variant,
-    whose ctx has a dense row; a variant is compared with the sweep's own dense row."""
-    dense = {r["ctx"]: r for r in rows if r.get("attn") == "dense" and "error" not in r}
+    whose ctx has a dense row; a variant is compared with the sweep's own dense row, and each metric with the
+    fastest dense row of its ctx (`dense_flash_attn`: that row's flash attention, per metric)."""
+    dense = fastest_dense(rows)
     out = []
     for r in rows:
         d = dense.get(r["ctx"])
         if r.get("attn") != "sparse" or "error" in r or d is None:
             continue
-        out.append({"ctx": r["ctx"], "variant": r.get("variant"), "decode": r["decode_tok_s"] / d["decode_tok_s"],
-                    "prefill": r["prefill_tok_s"] / d["prefill_tok_s"], "row": r})
+        out.append({"ctx": r["ctx"], "variant": r.get("variant"),
+                    "decode": r["decode_tok_s"] / d["decode"]["decode_tok_s"],
+                    "prefill": r["prefill_tok_s"] / d["prefill"]["prefill_tok_s"],
+                    "dense_flash_attn": {m: d[m].get("flash_attn") for m in ("decode", "prefill")}, "row": r})
     return out
 
 
@@ -531,31 +575,44 @@ def add_ratios(rows: list[dict]) -> None:
     for x in xs:
         x["row"]["decode_vs_dense"] = round(x["decode"], 4)
         x["row"]["prefill_vs_dense"] = round(x["prefill"], 4)
+        x["row"]["vs_dense_flash_attn"] = x["dense_flash_attn"]
         if x["variant"] is None:
             x["row"]["decode_crossover_ctx"] = cross["decode"]
             x["row"]["prefill_crossover_ctx"] = cross["prefill"]
 
 
+def _fa(flag) -> str:
+    return "—" if flag is None else "on" if flag else "off"
+
+
+def _mixed_dense_fa(rows: list[dict]) -> bool:
+    return len({r.get("flash_attn") for r in rows if r.get("attn") == "dense" and "error" not in r}) > 1
+
+
 def render(rows: list[dict]) -> str:
-    head = (f"{'ctx':>8} {'attn':>6} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9} "
+    head = (f"{'ctx':>8} {'attn':>6} {'fa':>3} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9} "
             f"{'indexer ms/tok':>15} {'host µs/tok':>11}  device")  # host µs/tok: graph + inputs
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['ctx']:>8} {r['attn']:>6}  error: {r['error']}")
+            lines.append(f"{r['ctx']:>8} {r['attn']:>6} {_fa(r.get('flash_attn')):>3}  error: {r['error']}")
             continue
         idx = r.get("indexer_decode_ms_per_tok")
         idx_s = f"{idx:.3f} ({100 * r['indexer_share_decode']:.0f} %)" if idx is not None else "—"
         host = r.get("host_us_per_decode_token")
         host_s = f"{host['graph'] + host['inputs']:.0f}" if host else "—"   # host work before the launch
-        lines.append(f"{r['ctx']:>8} {r['attn']:>6} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
+        lines.append(f"{r['ctx']:>8} {r['attn']:>6} {_fa(r.get('flash_attn')):>3} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
                      f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15} {host_s:>11}  {r['device']}"
                      + (f"  [{r['variant']}]" if r.get("variant") else ""))
     rs = ratios(rows)
     if rs:
-        lines.append("sparse ÷ dense, tok/s in the same sweep:")
+        mixed = _mixed_dense_fa(rows)
+        lines.append("sparse ÷ dense, tok/s in the same sweep" + (" (against the faster dense row per metric)" if mixed
+                                                                  else "") + ":")
         lines += [f"{x['ctx']:>8}  decode {x['decode']:.2f}×  prefill {x['prefill']:.2f}×"
-                  + (f"  [{x['variant']}]" if x["variant"] else "") for x in rs]
+                  + (f"  [{x['variant']}]" if x["variant"] else "")
+                  + (f"  (dense fa: decode {_fa(x['dense_flash_attn']['decode'])}, "
+                     f"prefill {_fa(x['dense_flash_attn']['prefill'])})" if mixed else "") for x in rs]
         longest = max(x["ctx"] for x in rs)
         for m in ("decode", "prefill"):
             c = crossover(rows, m)
