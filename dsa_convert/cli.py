@@ -372,7 +372,8 @@ def bench(
     """Prefill / decode speed and KV-cache bytes per context length, sparse vs dense (llama.cpp)."""
     from .backend.runtime import preload_llama_cpp
     preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
-    from .eval.bench import BenchOptions, bench as run, parse_attn, parse_int_list, render, write_plot
+    from .eval.bench import BenchOptions, bench as run, parse_attn, parse_int_list
+    from .eval.bench_summary import render, write_plot
 
     o = BenchOptions(ctx=parse_int_list(ctx, "--ctx"), gen=gen, attn=parse_attn(attn), n_gpu_layers=n_gpu_layers,
                      kv=kv.lower(), index_keys=_lower(index_keys), batch=batch, threads=threads,

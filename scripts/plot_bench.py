@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsa_convert.errors import BadInputError, DsaError  # noqa: E402
-from dsa_convert.eval.bench import PLOT_METRICS, read_jsonl, write_plot  # noqa: E402
+from dsa_convert.eval.bench_summary import PLOT_METRICS, read_jsonl, write_plot  # noqa: E402
 
 
 def load_rows(path: Path, match: str | None) -> list[dict]:

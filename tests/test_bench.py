@@ -415,7 +415,7 @@ def test_parse_variant_joins_switches_with_plus():
 def test_render_prints_sparse_over_dense_per_ctx():
     """The text table ends with issue #6's measure: sparse ÷ dense tok/s per ctx of the sweep, variants against the
     sweep's dense row; a ctx without a dense row (or with an error) gets none."""
-    from dsa_convert.eval.bench import add_ratios, ratios, render
+    from dsa_convert.eval.bench_summary import add_ratios, ratios, render
 
     def row(ctx, attn, pre, dec, variant=None):
         return {"ctx": ctx, "attn": attn, "prefill_tok_s": pre, "decode_tok_s": dec, "kv_bytes": 2**20,
@@ -443,7 +443,7 @@ def test_ratios_take_the_faster_dense_row_per_metric():
     """--dense-flash-attn both: a ctx has a dense row with and one without flash attention; sparse ÷ dense takes, per
     metric, the faster (the CPU case: dense decodes faster without it, prefills faster with it), says which, and the
     indexer share compares with the dense row of the sparse row's own flash attention."""
-    from dsa_convert.eval.bench import add_indexer_share, add_ratios, ratios, render
+    from dsa_convert.eval.bench_summary import add_indexer_share, add_ratios, ratios, render
 
     base = {"ctx": 32768, "kv_bytes": 2**20, "kv_bytes_per_token": 64.0, "device": "cpu", "variant": None,
             "indexer_decode_ms_per_tok": None, "host_us_per_decode_token": None, "decode_tokens": 16}
@@ -473,7 +473,7 @@ def test_crossover_is_the_first_ctx_from_which_sparse_stays_ahead():
     """The CPU issue's summary: the shortest context from which on sparse decode (prefill) is at least dense's at every
     measured context; a dip at a longer context moves it there; None where sparse is behind at the longest; variant
     rows do not count. The JSON rows and the text table carry it."""
-    from dsa_convert.eval.bench import add_ratios, crossover, render
+    from dsa_convert.eval.bench_summary import add_ratios, crossover, render
 
     def pair(ctx, dec_ratio, pre_ratio, variant=None):
         base = {"kv_bytes": 2**20, "kv_bytes_per_token": 64.0, "device": "cpu", "indexer_decode_ms_per_tok": None,

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dsa_convert.errors import DsaError  # noqa: E402
-from dsa_convert.eval.bench import read_jsonl  # noqa: E402
+from dsa_convert.eval.bench_summary import read_jsonl  # noqa: E402
 
 DEFAULT_GOALS = {65536: 1.7, 131072: 2.5}   # issue 6's decode goals
 
