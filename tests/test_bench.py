@@ -439,11 +439,11 @@ def test_render_prints_sparse_over_dense_per_ctx():
     assert rows[2]["decode_vs_dense"] == 1.5 and "decode_vs_dense" not in rows[3] and "decode_vs_dense" not in rows[5]
 
 
-def test_ratios_take_the_faster_dense_row_per_metric():
+def test_ratios_take_the_faster_dense_row_per_metric(tmp_path):
     """--dense-flash-attn both: a ctx has a dense row with and one without flash attention; sparse ÷ dense takes, per
     metric, the faster (the CPU case: dense decodes faster without it, prefills faster with it), says which, and the
     indexer share compares with the dense row of the sparse row's own flash attention."""
-    from dsa_convert.eval.bench_summary import add_indexer_share, add_ratios, ratios, render
+    from dsa_convert.eval.bench_summary import add_indexer_share, add_ratios, ratios, render, write_plot
 
     base = {"ctx": 32768, "kv_bytes": 2**20, "kv_bytes_per_token": 64.0, "device": "cpu", "variant": None,
             "indexer_decode_ms_per_tok": None, "host_us_per_decode_token": None, "decode_tokens": 16}
@@ -467,6 +467,8 @@ def test_ratios_take_the_faster_dense_row_per_metric():
     assert sparse["indexer_share_decode_est"] == pytest.approx(1 - 16.0 / (16 / 12.0), rel=1e-3)
     single = [dict(sparse), dict(fa_on)]
     assert "dense fa:" not in render(single) and "per metric" not in render(single)
+    png = write_plot(rows, tmp_path / "d.png", "mixed")            # one dense line per flash-attention setting
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_crossover_is_the_first_ctx_from_which_sparse_stays_ahead():

@@ -219,7 +219,8 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
     if o.kv not in KV_TYPES:
         raise BadInputError(f"unknown --kv {o.kv!r} (choose from {', '.join(KV_TYPES)})")
     if o.dense_flash_attn not in DENSE_FLASH_ATTN:
-        raise BadInputError(f"unknown --dense-flash-attn {o.dense_flash_attn!r} (choose from {', '.join(DENSE_FLASH_ATTN)})")
+        raise BadInputError(f"unknown --dense-flash-attn {o.dense_flash_attn!r} "
+                            f"(choose from {', '.join(DENSE_FLASH_ATTN)})")
     check_kv_flash_attn(o.kv, o.flash_attn)    # before the sweep, not as a failed row per run
     if "dense" in o.attn:
         for fa in dense_flash_attn_settings(o):

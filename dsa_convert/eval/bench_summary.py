@@ -51,7 +51,8 @@ def write_plot(rows: list[dict], out: Path, title: str, metric: str = "decode") 
         raise BadInputError(f"--plot: directory does not exist: {out.resolve().parent}")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     mixed = _mixed_dense_fa(rows)     # one dense line per flash-attention setting
-    fas = lambda mode: sorted({r.get("flash_attn") for r in rows if r["attn"] == mode}, key=str) if mixed else [None]  # noqa: E731
+    def fas(mode: str) -> list:
+        return sorted({r.get("flash_attn") for r in rows if r["attn"] == mode}, key=str) if mixed else [None]
     lines = [(m, None, fa) for m in ATTN_MODES for fa in fas(m)] + \
         sorted({("sparse", r["variant"], None) for r in rows if r.get("variant")})
     for mode, variant, fa in lines:
@@ -181,9 +182,9 @@ def render(rows: list[dict]) -> str:
         idx_s = f"{idx:.3f} ({100 * r['indexer_share_decode']:.0f} %)" if idx is not None else "—"
         host = r.get("host_us_per_decode_token")
         host_s = f"{host['graph'] + host['inputs']:.0f}" if host else "—"   # host work before the launch
-        lines.append(f"{r['ctx']:>8} {r['attn']:>6} {_fa(r.get('flash_attn')):>3} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.2f} "
-                     f"{r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} {idx_s:>15} {host_s:>11}  {r['device']}"
-                     + (f"  [{r['variant']}]" if r.get("variant") else ""))
+        lines.append(f"{r['ctx']:>8} {r['attn']:>6} {_fa(r.get('flash_attn')):>3} {r['prefill_tok_s']:>14.1f} "
+                     f"{r['decode_tok_s']:>13.2f} {r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} "
+                     f"{idx_s:>15} {host_s:>11}  {r['device']}" + (f"  [{r['variant']}]" if r.get("variant") else ""))
     rs = ratios(rows)
     if rs:
         mixed = _mixed_dense_fa(rows)
