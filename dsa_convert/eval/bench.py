@@ -63,7 +63,7 @@ from ..formats.gguf_read import GgufFile
 from ..resources import peak_rss_mib
 from ..progress import task
 from . import host_cpu
-from .bench_summary import ATTN_MODES, add_indexer_share, add_ratios
+from .bench_summary import ATTN_MODES, add_indexer_share, add_ratios, fa_label
 from .perplexity_llamacpp import dsa_overrides
 # environment switches recorded in each row: the patch's (docs/PATCH.md; e.g. LLAMA_DSA_FUSED=0, get_rows + flash
 # attention over the picks) and ggml's CUDA ones (e.g. GGML_CUDA_GRAPH_OPT)
@@ -413,7 +413,7 @@ def bench(path: Path, o: BenchOptions) -> list[dict]:
     mixed_fa = len({fa for *_, fa in runs}) > 1
     with task("bench", len(runs), quiet=o.quiet) as bar:
         for c, a, v, fa in runs:
-            label = f"ctx {c} {a}" + (f" fa {'on' if fa else 'off'}" if mixed_fa else "") + (f" [{v}]" if v else "")
+            label = f"ctx {c} {a}" + (f" fa {fa_label(fa)}" if mixed_fa else "") + (f" [{v}]" if v else "")
             try:
                 rows.append(_run_variant(Path(path), c, o, fi, v) if v else
                             run_one(lc, Path(path), c, a, o, fi, flash_attn=fa))

@@ -35,7 +35,8 @@ PLOT_METRICS = {"decode": ("decode_tok_s", "decode tokens / s"), "prefill": ("pr
 
 
 def write_plot(rows: list[dict], out: Path, title: str, metric: str = "decode") -> Path:
-    """PNG of decode (or prefill) tok/s vs context length, one line per attention mode."""
+    """PNG of decode (or prefill) tok/s vs context length, one line per attention mode (and per flash-attention
+    setting where the dense rows have both) and per variant."""
     if metric not in PLOT_METRICS:
         raise BadInputError(f"plot metric {metric!r}: expected one of {', '.join(PLOT_METRICS)}")
     key, ylabel = PLOT_METRICS[metric]
@@ -51,6 +52,7 @@ def write_plot(rows: list[dict], out: Path, title: str, metric: str = "decode") 
         raise BadInputError(f"--plot: directory does not exist: {out.resolve().parent}")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     mixed = _mixed_dense_fa(rows)     # one dense line per flash-attention setting
+
     def fas(mode: str) -> list:
         return sorted({r.get("flash_attn") for r in rows if r["attn"] == mode}, key=str) if mixed else [None]
     lines = [(m, None, fa) for m in ATTN_MODES for fa in fas(m)] + \
@@ -60,7 +62,7 @@ def write_plot(rows: list[dict], out: Path, title: str, metric: str = "decode") 
                      if r["attn"] == mode and r.get("variant") == variant and "error" not in r and key in r
                      and (fa is None or r.get("flash_attn") == fa))
         if pts:
-            label = mode + (f" (fa {_fa(fa)})" if fa is not None else "") + (f" [{variant}]" if variant else "")
+            label = mode + (f" (fa {fa_label(fa)})" if fa is not None else "") + (f" [{variant}]" if variant else "")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
@@ -162,7 +164,8 @@ def add_ratios(rows: list[dict]) -> None:
             x["row"]["prefill_crossover_ctx"] = cross["prefill"]
 
 
-def _fa(flag) -> str:
+def fa_label(flag) -> str:
+    """A row's flash attention as the table prints it: on, off, or — where the row lacks the field."""
     return "—" if flag is None else "on" if flag else "off"
 
 
@@ -171,18 +174,18 @@ def _mixed_dense_fa(rows: list[dict]) -> bool:
 
 
 def render(rows: list[dict]) -> str:
-    head = (f"{'ctx':>8} {'attn':>6} {'fa':>3} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} {'KV B/tok':>9} "
-            f"{'indexer ms/tok':>15} {'host µs/tok':>11}  device")  # host µs/tok: graph + inputs
+    head = (f"{'ctx':>8} {'attn':>6} {'fa':>3} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV MiB':>9} "
+            f"{'KV B/tok':>9} {'indexer ms/tok':>15} {'host µs/tok':>11}  device")  # host µs/tok: graph + inputs
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['ctx']:>8} {r['attn']:>6} {_fa(r.get('flash_attn')):>3}  error: {r['error']}")
+            lines.append(f"{r['ctx']:>8} {r['attn']:>6} {fa_label(r.get('flash_attn')):>3}  error: {r['error']}")
             continue
         idx = r.get("indexer_decode_ms_per_tok")
         idx_s = f"{idx:.3f} ({100 * r['indexer_share_decode']:.0f} %)" if idx is not None else "—"
         host = r.get("host_us_per_decode_token")
         host_s = f"{host['graph'] + host['inputs']:.0f}" if host else "—"   # host work before the launch
-        lines.append(f"{r['ctx']:>8} {r['attn']:>6} {_fa(r.get('flash_attn')):>3} {r['prefill_tok_s']:>14.1f} "
+        lines.append(f"{r['ctx']:>8} {r['attn']:>6} {fa_label(r.get('flash_attn')):>3} {r['prefill_tok_s']:>14.1f} "
                      f"{r['decode_tok_s']:>13.2f} {r['kv_bytes'] / 2**20:>9.2f} {r['kv_bytes_per_token']:>9.0f} "
                      f"{idx_s:>15} {host_s:>11}  {r['device']}" + (f"  [{r['variant']}]" if r.get("variant") else ""))
     rs = ratios(rows)
@@ -192,8 +195,8 @@ def render(rows: list[dict]) -> str:
                                                                   else "") + ":")
         lines += [f"{x['ctx']:>8}  decode {x['decode']:.2f}×  prefill {x['prefill']:.2f}×"
                   + (f"  [{x['variant']}]" if x["variant"] else "")
-                  + (f"  (dense fa: decode {_fa(x['dense_flash_attn']['decode'])}, "
-                     f"prefill {_fa(x['dense_flash_attn']['prefill'])})" if mixed else "") for x in rs]
+                  + (f"  (dense fa: decode {fa_label(x['dense_flash_attn']['decode'])}, "
+                     f"prefill {fa_label(x['dense_flash_attn']['prefill'])})" if mixed else "") for x in rs]
         longest = max(x["ctx"] for x in rs)
         for m in ("decode", "prefill"):
             c = crossover(rows, m)
