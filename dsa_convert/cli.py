@@ -120,6 +120,8 @@ def convert(
     steps: Optional[int] = typer.Option(None, help="indexer training steps per layer and phase" + _RECIPE),
     query_rows: Optional[int] = typer.Option(None, "--query-rows", help="query rows per training step" + _RECIPE),
     split_search: Optional[str] = typer.Option(None, "--split-search", help="full | coarse sink/local search" + _RECIPE),
+    placement_search: Optional[str] = typer.Option(None, "--placement-search", help="greedy | oneshot search of "
+                                                   "--index-share's full layers" + _RECIPE),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0, help="random seed"),
     allow_eval_calib: bool = typer.Option(False, "--allow-eval-calib",
@@ -131,7 +133,8 @@ def convert(
     dsa_opts = dict(cluster_num=cluster_num, top_k=top_k, index_heads=index_heads, index_dim=index_dim,
                     index_share=index_share, index_place=index_place, sink=sink, local=local, select=select,
                     block_size=block_size, residual_bits=residual_bits, calib=calib, steps=steps, ctx=calib_ctx,
-                    calib_tokens=calib_tokens, query_rows=query_rows, split_search=split_search)
+                    calib_tokens=calib_tokens, query_rows=query_rows, split_search=split_search,
+                    placement_search=placement_search)
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:
         raise typer.BadParameter("--no-dsa cannot be combined with DSA options")

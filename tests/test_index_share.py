@@ -126,30 +126,71 @@ def test_retrofit_runs_each_layer_forward_once_per_pass(tmp_path, monkeypatch):
     assert sorted(res.report["asq"]["layers"]) == [0, 1, 2, 3, 4]
 
 
-def test_placement_search_keeps_the_layers_whose_loss_of_an_indexer_costs_most(monkeypatch):
-    """The greedy search (placement.py) on a loss where each layer's indexer is worth a known amount: it turns the
-    cheapest layers into shared ones first, never layer 0, stops at n_full, and records every step."""
+def _fake_layout_nlls(worth: dict, rounds: list):
+    """placement.layout_nlls on a loss where each layer's indexer is worth a known amount (rounds: the layouts scored)."""
+    def fake(model, tokens, indexers, full, candidates=(), **kw):
+        full = set(full)
+        assert 0 in full and set(candidates) <= full - {0}
+        rounds.append((frozenset(full), tuple(candidates)))
+        nll = lambda layers: 1.0 + sum(w for il, w in worth.items() if il not in layers)  # noqa: E731
+        return nll(full), {c: nll(full - {c}) for c in candidates}
+    return fake
+
+
+@pytest.mark.parametrize("search", ["greedy", "oneshot"])
+def test_placement_search_keeps_the_layers_whose_loss_of_an_indexer_costs_most(monkeypatch, search):
+    """Both searches (placement.py) turn the cheapest layers into shared ones, never layer 0, stop at n_full and
+    record what they scored: greedy a round per shared layer, oneshot one round and the chosen layout."""
     from dsa_convert.dsa import placement
 
     worth = {0: 9.0, 1: 0.5, 2: 3.0, 3: 0.1, 4: 2.0, 5: 1.0}
-    seen = []
-
-    def fake_nll(model, tokens, att, start):
-        full = {il for il, t in enumerate(att.indexer_types) if t}
-        assert set(att.indexers) == full and 0 in full     # shared layers carry no indexer; layer 0 stays full
-        seen.append(frozenset(full))
-        return 1.0 + sum(w for il, w in worth.items() if il not in full)
-
-    monkeypatch.setattr(placement, "calib_nll", fake_nll)
+    rounds: list = []
+    monkeypatch.setattr(placement, "layout_nlls", _fake_layout_nlls(worth, rounds))
     model = type("M", (), {"hp": type("H", (), {"n_layer": 6, "kq_scale": 0.125})()})()
     idx = {il: object() for il in range(6)}
     types, rep = placement.choose_full_layers(model, torch.zeros(1, 64, dtype=torch.long), idx, n_full=3, top_k=16,
-                                              sink=1, local=4)
-    assert types == [True, False, True, False, True, False]
-    assert [s["shared"] for s in rep["steps"]] == [3, 1, 5] and rep["full_layers"] == [0, 2, 4]
+                                              sink=1, local=4, search=search)
+    assert types == [True, False, True, False, True, False] and rep["full_layers"] == [0, 2, 4]
+    assert rep["method"] == search
     assert rep["nll"] == pytest.approx(1.0 + 0.1 + 0.5 + 1.0) and rep["nll_all_full"] == 1.0
-    assert len(seen) == 1 + 5 + 4 + 3 and len(set(seen)) == len(seen)    # no candidate scored twice
+    if search == "greedy":
+        assert [s["shared"] for s in rep["steps"]] == [3, 1, 5]
+        assert [len(c) for _, c in rounds] == [5, 4, 3]              # a round per shared layer, each layer once
+    else:
+        assert [s["shared"] for s in rep["steps"]] == [[3, 1, 5]]
+        assert [len(c) for _, c in rounds] == [5, 0] and rounds[1][0] == {0, 2, 4}   # one round, then the layout
+    with pytest.raises(ValueError, match="placement search"):
+        placement.choose_full_layers(model, torch.zeros(1, 64, dtype=torch.long), idx, n_full=3, top_k=16, sink=1,
+                                     local=4, search="random")
     assert [placement.n_full_layers(n, G) for n, G in ((6, 4), (16, 4), (5, 2), (6, 1))] == [2, 4, 3, 6]
+
+
+def test_layout_nlls_forks_equal_whole_forwards(tmp_path):
+    """layout_nlls' forked candidates (the layers from the candidate on, from the layout's own forward) give exactly
+    the held-out NLL of a whole forward of each candidate layout."""
+    from dsa_convert.dsa.indexer_train import init_indexer
+    from dsa_convert.dsa.placement import layout_nlls
+    from dsa_convert.dsa.split import calib_nll
+    from dsa_convert.kernels_ref.model import RefModel
+    from dsa_convert.kernels_ref.sparse_attention import DsaAttention
+
+    ref = RefModel.from_hf(make_tiny_model(tmp_path / "m", "llama-llama3rope-tied-sharded", n_layer=4), device="cpu")
+    hp = ref.hp
+    idx = {il: init_indexer(hp.n_embd, 2, 16, 8, 1e-6, hp.rope.base, il) for il in range(4)}
+    tokens = torch.randint(3, 200, (2, 96), generator=torch.Generator().manual_seed(0))
+    kw = dict(top_k=24, sink=2, local=6)
+    base, cands = layout_nlls(ref, tokens, idx, {0, 1, 2, 3}, [1, 2, 3], **kw)
+
+    def whole(full):
+        att = DsaAttention(scale=hp.kq_scale, attn="sparse", indexers={il: idx[il] for il in full},
+                           indexer_types=[il in full for il in range(4)], **kw)
+        return calib_nll(ref, tokens, att, 24)
+
+    assert base == whole({0, 1, 2, 3})
+    assert cands == {c: whole({0, 1, 2, 3} - {c}) for c in (1, 2, 3)}
+    assert len(set(cands.values())) == 3            # the layouts differ, so the check can fail
+    with pytest.raises(ValueError, match="candidates"):
+        layout_nlls(ref, tokens, idx, {0, 2}, [1], **kw)
 
 
 def test_retrofit_with_searched_placement(tmp_path):

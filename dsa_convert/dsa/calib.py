@@ -63,10 +63,11 @@ DEFAULT_TOKENS_GPU = 1 << 19
 DEFAULT_TOKENS_CPU = 1 << 16
 MEMORY_SHARE = 0.5          # of the device's free memory that the calibration activations may take
 
-# the training recipe when --steps / --query-rows / --split-search are not given. A step's work is query rows x context
-# (the dense target and the indexer's scores over every key), so on a CPU at long context the recipe keeps the rows x
-# context product of a 256-row step at 8K and takes fewer steps, and the split search is the coarse one (split.py: 3
-# sparse forwards of the held-out chunk instead of 9; at 32K on a 2-core CPU each takes ~2.5 min)
+# the training recipe when --steps / --query-rows / --split-search / --placement-search are not given. A step's work is
+# query rows x context (the dense target and the indexer's scores over every key), so on a CPU at long context the
+# recipe keeps the rows x context product of a 256-row step at 8K and takes fewer steps, the split search is the coarse
+# one (split.py: 3 sparse forwards of the held-out chunk instead of 9; at 32K on a 2-core CPU each takes ~1.5 min) and
+# the layer placement of --index-share the one-shot one (placement.py: 6 layers to 3 in about 4.5 forwards, not 8.2)
 STEPS = 400
 QUERY_ROWS = 256
 CPU_LONG_STEPS = 300
@@ -87,6 +88,7 @@ class CalibPlan:
     sparse_steps: int = STEPS       # sparse-phase steps per layer
     query_rows: int = QUERY_ROWS    # query rows per step
     split_search: str = "full"      # full | coarse: the split candidates scored (split.py)
+    placement_search: str = "greedy"    # greedy | oneshot: how --index-share's full layers are searched (placement.py)
     recipe: str = "default"         # which defaults applied: "default", "cpu long context", or "given"
 
     @property
@@ -98,7 +100,7 @@ class CalibPlan:
                 "train_tokens": self.train_tokens, "held_tokens": self.n_held * self.ctx,
                 "activation_bytes_per_token": self.bytes_per_token, "steps": self.steps,
                 "sparse_steps": self.sparse_steps, "query_rows": self.query_rows, "split_search": self.split_search,
-                "recipe": self.recipe}
+                "placement_search": self.placement_search, "recipe": self.recipe}
 
 
 def activation_bytes_per_token(n_embd: int, n_head: int, n_head_kv: int, head_dim: int, members: int = 1) -> int:
@@ -123,7 +125,7 @@ def free_memory_bytes(device: str) -> int:
 def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks: int | None, split_chunks: int | None,
                      model_ctx: int, bytes_per_token: int, device: str, free_bytes: int | None = None,
                      steps: int | None = None, sparse_steps: int | None = None, query_rows: int | None = None,
-                     split_search: str = "auto") -> CalibPlan:
+                     split_search: str = "auto", placement_search: str = "auto") -> CalibPlan:
     """The calibration context and chunk counts: the given values, else the model's trained context and a token budget,
     lowered (chunks first, then the context) until train + held-out activations fit MEMORY_SHARE of free memory; then
     the training recipe (given values, else the defaults above for the device and the context)."""
@@ -145,12 +147,14 @@ def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks:
     cpu_long = not on_gpu and ctx > SHORT_CTX
     d_steps = CPU_LONG_STEPS if cpu_long else STEPS
     d_rows = max(MIN_QUERY_ROWS, min(QUERY_ROWS, CPU_ROW_KEYS // ctx)) if cpu_long else QUERY_ROWS
-    d_split = "coarse" if cpu_long else "full"
-    given = steps is not None or sparse_steps is not None or query_rows is not None or split_search != "auto"
+    d_split, d_place = ("coarse", "oneshot") if cpu_long else ("full", "greedy")
+    given = (steps is not None or sparse_steps is not None or query_rows is not None or split_search != "auto"
+             or placement_search != "auto")
     steps = d_steps if steps is None else steps
     recipe = "cpu long context" if cpu_long else "default"
     return CalibPlan(ctx=ctx, n_train=n_train, n_held=held(n_train), reason=reason, bytes_per_token=bytes_per_token,
                      steps=steps, sparse_steps=steps if sparse_steps is None else sparse_steps,
                      query_rows=d_rows if query_rows is None else query_rows,
                      split_search=d_split if split_search == "auto" else split_search,
+                     placement_search=d_place if placement_search == "auto" else placement_search,
                      recipe=f"{recipe}, options given" if given else recipe)

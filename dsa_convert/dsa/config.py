@@ -49,6 +49,8 @@ class DsaConfig:
     query_rows: Optional[int] = None    # query rows sampled per step (from t >= top_k); None -> the plan's recipe
     split_search: str = "auto"          # S/L candidates scored by held-out NLL: full (9 sparse forwards) | coarse (3) |
                                         # auto (the plan's recipe; split.py)
+    placement_search: str = "auto"      # which full layers (--index-share G, search): greedy | oneshot | auto (the
+                                        # plan's recipe; placement.py)
     split_chunks: Optional[int] = None  # held-out chunks that score S/L candidates and the layer placement; None ->
                                         # an eighth of the training chunks, 1 to 4
     device: str = "auto"                # auto | cpu | cuda | cuda:N
@@ -90,6 +92,8 @@ class DsaConfig:
             raise BadInputError(f"--query-rows must be >= 1 (got {self.query_rows})")
         if self.split_search not in ("auto", "full", "coarse"):
             raise BadInputError(f"--split-search must be auto, full or coarse (got {self.split_search!r})")
+        if self.placement_search not in ("auto", "greedy", "oneshot"):
+            raise BadInputError(f"--placement-search must be auto, greedy or oneshot (got {self.placement_search!r})")
         if self.sparse_target not in ("selected", "middle"):
             raise BadInputError(f"sparse target must be selected or middle (got {self.sparse_target!r})")
         if self.calib_chunks is not None and self.calib_chunks < 1:

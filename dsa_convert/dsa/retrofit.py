@@ -7,7 +7,8 @@
 
 With ``cfg.index_share`` G > 1 only ceil(n_layer / G) layers keep an indexer; the others reuse the top-k of the
 last full layer before them (FORMAT §4a). ``index_place="search"`` (the default) trains an indexer in every layer
-on its own target, as for G = 1, then picks the full layers greedily by held-out calibration NLL (placement.py);
+on its own target, as for G = 1, then picks the full layers by held-out calibration NLL (placement.py: greedy, or
+one-shot in the CPU's long-context recipe);
 ``"every"`` fixes them at 0, G, 2G, ..., each trained on the mean target of its group (the layer and its shared
 layers).
 
@@ -224,7 +225,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                             bytes_per_token=activation_bytes_per_token(hp.n_embd, hp.n_head, hp.n_head_kv,
                                                                        hp.head_dim, members=group),
                             steps=cfg.steps, sparse_steps=cfg.sparse_steps, query_rows=cfg.query_rows,
-                            split_search=cfg.split_search)
+                            split_search=cfg.split_search, placement_search=cfg.placement_search)
     ctx, n_train, n_held = plan.ctx, plan.n_train, plan.n_held
     if cfg.top_k >= ctx:
         raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx} "
@@ -322,7 +323,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         with clock("placement"):
             types, rep["placement"] = choose_full_layers(
                 model, held, indexers, n_full=n_full_layers(hp.n_layer, cfg.index_share), top_k=cfg.top_k,
-                sink=sink, local=local, select=cfg.select, block_size=cfg.block_size, progress=emit)
+                sink=sink, local=local, select=cfg.select, block_size=cfg.block_size, search=plan.placement_search,
+                progress=emit)
         for il in [il for il in indexers if not types[il]]:
             del indexers[il]
             rep["layers"].setdefault(il, {})["shared_after_placement"] = True

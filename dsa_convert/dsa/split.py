@@ -26,16 +26,23 @@ COARSE_SINKS = (1,)
 
 
 @torch.no_grad()
+def nll_sum(lg: torch.Tensor, row: torch.Tensor, start: int) -> tuple[float, int]:
+    """(summed next-token NLL in nats, positions) of one chunk's logits lg [T, vocab] over positions >= start."""
+    tgt = row[start + 1:].to(lg.device)
+    tot = 0.0
+    for a in range(start, lg.shape[0] - 1, 2048):           # float64 a block of rows at a time: [32K, vocab] is 4 GB
+        lp = torch.log_softmax(lg[a:min(a + 2048, lg.shape[0] - 1)].double(), -1)
+        tot += float(-lp.gather(1, tgt[a - start:a - start + lp.shape[0], None]).sum())
+    return tot, tgt.numel()
+
+
+@torch.no_grad()
 def calib_nll(model, tokens: torch.Tensor, attention, start: int) -> float:
     """Mean next-token NLL (nats) over positions >= start of each chunk in tokens [N, T]."""
     tot, cnt = 0.0, 0
     for row in tokens:
-        lg = model.forward(row, attention=attention)
-        tgt = row[start + 1:].to(lg.device)
-        for a in range(start, lg.shape[0] - 1, 2048):       # float64 a block of rows at a time: [32K, vocab] is 4 GB
-            lp = torch.log_softmax(lg[a:min(a + 2048, lg.shape[0] - 1)].double(), -1)
-            tot += float(-lp.gather(1, tgt[a - start:a - start + lp.shape[0], None]).sum())
-        cnt += tgt.numel()
+        t, n = nll_sum(model.forward(row, attention=attention), row, start)
+        tot, cnt = tot + t, cnt + n
     return tot / max(cnt, 1)
 
 

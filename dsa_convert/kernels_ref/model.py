@@ -215,7 +215,13 @@ class RefModel:
         applied to the rows that are needed (a 32K x 16K-vocab logits matrix is 2 GB)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long)
         pos = positions if positions is not None else torch.arange(tokens.shape[0])
-        h = self.embed(tokens)
-        for il in range(self.hp.n_layer):
-            h = self.layer(il, h, pos, attention, capture)
+        h = self.layers_from(0, self.embed(tokens), pos, attention, capture)
         return h if hidden else self.head(h)
+
+    @torch.no_grad()
+    def layers_from(self, start: int, h: torch.Tensor, positions: torch.Tensor, attention: AttentionFn | None = None,
+                    capture=None) -> torch.Tensor:
+        """Layers start .. n_layer - 1 on h, the input of layer ``start`` (the rest of a forward pass)."""
+        for il in range(start, self.hp.n_layer):
+            h = self.layer(il, h, positions, attention, capture)
+        return h

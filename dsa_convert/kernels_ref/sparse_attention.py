@@ -110,6 +110,12 @@ class DsaAttention:
         c.cache, c.selected_fraction, c._shared = KvCache(), [], None
         return c
 
+    def resume(self, other: "DsaAttention") -> "DsaAttention":
+        """Continue, from its next layer, the forward pass ``other`` has run so far (RefModel.layers_from): take the
+        selection a shared layer would reuse. Returns self."""
+        self._shared = other._shared
+        return self
+
     # ---- selection
     def _uses_indexer(self, layer: int) -> bool:
         return self.attn == "sparse" and self._is_full(layer) and self.indexers.get(layer) is not None

@@ -49,8 +49,8 @@ COMMANDS: dict[str, Command] = {
         Option("--index-heads"), Option("--index-dim"), Option("--index-share"), Option("--index-place"),
         Option("--sink"), Option("--local"), Option("--select"), Option("--block-size"), Option("--residual-bits"),
         Option("--calib", PATH), Option("--calib-ctx"), Option("--calib-tokens"), Option("--steps"),
-        Option("--query-rows"), Option("--split-search"), Option("--device"), Option("--seed"),
-        Option("--allow-eval-calib", SWITCH)),
+        Option("--query-rows"), Option("--split-search"), Option("--placement-search"), Option("--device"),
+        Option("--seed"), Option("--allow-eval-calib", SWITCH)),
     "quantize": _command(
         "quantize", ("IN", "OUT"),
         Option("--method"), Option("--type"), Option("--group-size"), Option("--calib", PATH), Option("--samples"),
