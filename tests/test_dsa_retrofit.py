@@ -25,7 +25,7 @@ def calib_file(tmp_path):
 @pytest.mark.parametrize("kw,msg", [
     (dict(top_k=0), "top-k"), (dict(cluster_num=1), "cluster-num"), (dict(sink=8, local=9, top_k=16), "exceeds"),
     (dict(residual_bits=3), "residual-bits"), (dict(rope_dim=3), "rope_dim"), (dict(index_share=0), "index-share"),
-    (dict(index_place="first"), "index-place"),
+    (dict(index_place="first"), "index-place"), (dict(placement_search="random"), "placement-search"),
 ])
 def test_config_rejects(kw, msg, calib_file):
     with pytest.raises(BadInputError, match=msg):
@@ -108,16 +108,22 @@ def test_plan_recipe_by_device_and_context():
     cpu = plan_calibration(device="cpu", **kw)
     assert (cpu.ctx, cpu.n_train, cpu.n_held) == (32768, 2, 1)
     assert (cpu.steps, cpu.sparse_steps, cpu.query_rows, cpu.split_search) == (300, 300, 64, "coarse")
+    assert cpu.placement_search == "oneshot" and cpu.as_report()["placement_search"] == "oneshot"
     assert cpu.recipe == "cpu long context"
     gpu = plan_calibration(device="cuda", **kw)
     assert (gpu.n_train, gpu.steps, gpu.query_rows, gpu.split_search, gpu.recipe) == (16, 400, 256, "full", "default")
+    assert gpu.placement_search == "greedy"
     assert plan_calibration(device="cpu", **{**kw, "model_ctx": 16384}).query_rows == 128
     short = plan_calibration(device="cpu", **{**kw, "model_ctx": 2048})
     assert (short.n_train, short.steps, short.query_rows, short.split_search) == (32, 400, 256, "full")
+    assert short.placement_search == "greedy"
     given = plan_calibration(device="cpu", steps=10, query_rows=32, split_search="full", **kw)
     assert (given.steps, given.sparse_steps, given.query_rows, given.split_search) == (10, 10, 32, "full")
     assert given.recipe == "cpu long context, options given"
     assert given.as_report()["query_rows"] == 32
+    placed = plan_calibration(device="cpu", placement_search="greedy", **kw)
+    assert (placed.placement_search, placed.split_search) == ("greedy", "coarse")
+    assert placed.recipe == "cpu long context, options given"
 
 
 def test_heldout_kl_averages_over_the_chunks_it_has():
