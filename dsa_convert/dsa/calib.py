@@ -67,7 +67,7 @@ MEMORY_SHARE = 0.5          # of the device's free memory that the calibration a
 # query rows x context (the dense target and the indexer's scores over every key), so on a CPU at long context the
 # recipe keeps the rows x context product of a 256-row step at 8K and takes fewer steps, the split search is the coarse
 # one (split.py: 3 sparse forwards of the held-out chunk instead of 9; at 32K on a 2-core CPU each takes ~1.5 min) and
-# the layer placement of --index-share the one-shot one (placement.py: 6 layers to 3 in about 4.5 forwards, not 8.2)
+# the layer placement of --index-share the one-shot one (placement.py: 6 layers to 3 in 4.5 forwards, not 8 to 9)
 STEPS = 400
 QUERY_ROWS = 256
 CPU_LONG_STEPS = 300

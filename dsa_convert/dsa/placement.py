@@ -12,8 +12,9 @@ full layer but layer 0 into a shared one costs. Two searches (the layout GLM-5.2
 
 Every candidate and its NLL are recorded in the report. A round scores a layout and each of its candidates with one
 forward of the layout per held-out chunk, forked at each candidate layer: the layers before it are the same in both
-layouts, so a candidate runs only the layers from its own on. A round of n full layers costs about
-1 + (n - 1) / 2 forwards (the greedy search of 6 layers down to 3: 3 rounds, about 8.2 forwards; oneshot about 4.5).
+layouts, so a candidate runs only the layers from its own on: a round of the all-full layout costs about
+1 + (n_layer - 1) / 2 forwards. From 6 layers down to 3 the greedy search takes 3 rounds, 8 to 9 forwards (13 without
+the forks); oneshot one round and the chosen layout, 4.5.
 """
 from __future__ import annotations
 
