@@ -93,19 +93,20 @@ def choose_full_layers(model, tokens: torch.Tensor, indexers: dict, *, n_full: i
     nll_all, cands = layout_nlls(model, tokens, indexers, full, sorted(full - {0}), **kw)
     nll = nll_all
     while len(full) > n_full:
-        if steps and search == "greedy":
-            _, cands = layout_nlls(model, tokens, indexers, full, sorted(full - {0}), **kw)
-        order = sorted(cands, key=cands.get)
-        drop = order[:1] if search == "greedy" else order[:len(full) - n_full]
-        full -= set(drop)
-        if search == "oneshot":
-            nll = layout_nll(model, tokens, indexers, full, **kw)
+        if search == "greedy":
+            shared = min(cands, key=cands.get)
+            full.discard(shared)
+            nll = cands[shared]
         else:
-            nll = cands[drop[0]]
-        steps.append({"shared": drop[0] if search == "greedy" else drop, "nll": nll, "ppl": math.exp(nll),
+            shared = sorted(cands, key=cands.get)[:len(full) - n_full]
+            full -= set(shared)
+            nll = layout_nll(model, tokens, indexers, full, **kw)
+        steps.append({"shared": shared, "nll": nll, "ppl": math.exp(nll),
                       "candidates": {str(j): v for j, v in cands.items()}})
         if progress is not None:
-            progress({"stage": "placement", "shared": drop, "nll": nll, "full": sorted(full)})
+            progress({"stage": "placement", "shared": shared, "nll": nll, "full": sorted(full)})
+        if len(full) > n_full:          # greedy: score the layers left
+            _, cands = layout_nlls(model, tokens, indexers, full, sorted(full - {0}), **kw)
     types = [il in full for il in range(model.hp.n_layer)]
     report = {"method": search, "n_full": len(full), "full_layers": sorted(full), "nll_all_full": nll_all,
               "ppl_all_full": math.exp(nll_all), "nll": nll, "steps": steps,
