@@ -77,3 +77,27 @@ def test_cli_markdown_and_bad_input(tmp_path):
     assert broken.returncode != 0 and "x.jsonl:1: not JSON" in broken.stderr and "Traceback" not in broken.stderr
     none = run(str(f), "--match", "8b")
     assert none.returncode == 1 and "no sparse row" in none.stderr
+
+
+def test_floor_gives_each_longer_ctx_its_sweeps_attention_free_bound(tmp_path):
+    rows = []
+    for src, fl, d128, s128 in (("a", 900, 300, 720), ("b", 880, 440, 700)):
+        rows += [row("sparse", 1024, 850, source=src), row("dense", 1024, fl, source=src),
+                 row("sparse", 131072, s128, source=src), row("dense", 131072, d128, source=src)]
+    rows += [row("sparse", 131072, 700, source="c"), row("dense", 131072, 350, source="c")]   # no floor row
+    pairs = sr.attach_floor(sr.pair_rows(rows)[0], 1024)
+    assert [p.ctx for p in pairs] == [131072] * 3
+    assert pairs[0].bound == pytest.approx(3.0) and pairs[0].of_floor == pytest.approx(0.8)
+    assert pairs[1].bound == pytest.approx(2.0) and pairs[1].of_floor == pytest.approx(700 / 880)
+    assert pairs[2].floor is None and pairs[2].bound is None
+    (s,) = sr.summarize(pairs, {})
+    assert s["bound_median"] == pytest.approx(2.5) and s["n"] == 3
+
+    f = tmp_path / "b.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows[:4]) + "\n")
+    run = [sys.executable, str(ROOT / "scripts" / "bench" / "sweep_ratios.py"), str(f), "--markdown"]
+    ok = subprocess.run(run + ["--floor", "1024"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "| synth-1b-share2, 128K | 1 | 2.40 | **2.40** |" in ok.stdout
+    assert ok.stdout.rstrip().endswith("| 3.00 | 0.80 |")
+    miss = subprocess.run(run + ["--floor", "2048"], capture_output=True, text=True)
+    assert miss.returncode == 1 and "--floor 2048: no sweep" in miss.stderr and "Traceback" not in miss.stderr

@@ -15,6 +15,11 @@ group per model file): plain sparse rows wait for the next dense row of their ct
 per ctx); a variant row (`--variant`, written after the dense row) pairs with the last dense row of its ctx. Rows
 with an `error` and sparse rows that never meet a dense row are left out (counted in the footer).
 GPU-side ratio: the same with each row's host µs per decoded token (graph + inputs + launch) taken off its ms/token.
+
+--floor CTX (a short context run in the same sweeps, e.g. `dsa bench --ctx 1024,65536,131072`): the dense row at CTX
+is the shape's attention-free token (weights, norms, launches; its cache is negligible). Per longer ctx it adds the
+bound, floor tok/s ÷ dense tok/s (the ratio a sparse path whose attention cost nothing would reach), and sparse tok/s ÷
+floor tok/s (how close the sparse token comes to that).
 """
 from __future__ import annotations
 
@@ -41,6 +46,15 @@ class Pair:
     variant: str | None
     sparse: dict
     dense: dict
+    floor: dict | None = None         # the dense row at --floor CTX of the same group and model
+
+    @property
+    def bound(self) -> float | None:
+        return None if self.floor is None else self.floor["decode_tok_s"] / self.dense["decode_tok_s"]
+
+    @property
+    def of_floor(self) -> float | None:
+        return None if self.floor is None else self.sparse["decode_tok_s"] / self.floor["decode_tok_s"]
 
     @property
     def decode(self) -> float:
@@ -91,6 +105,21 @@ def pair_rows(rows: list[dict], where: str = "") -> tuple[list[Pair], int]:
     return pairs, orphan_variants + sum(len(v) for v in pending.values())
 
 
+def attach_floor(pairs: list[Pair], floor_ctx: int) -> list[Pair]:
+    """The pairs of the other contexts, each given the dense row at floor_ctx of its sweep (group and model); pairs
+    whose sweep has no floor row keep floor None."""
+    floors = {(p.group, p.model): p.dense for p in pairs if p.ctx == floor_ctx and p.variant is None}
+    out = [p for p in pairs if p.ctx != floor_ctx]
+    for p in out:
+        p.floor = floors.get((p.group, p.model))
+    return out
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
 def summarize(pairs: list[Pair], goals: dict[int, float]) -> list[dict]:
     out = []
     for model, ctx in sorted({(p.model, p.ctx) for p in pairs if p.variant is None}):
@@ -101,6 +130,7 @@ def summarize(pairs: list[Pair], goals: dict[int, float]) -> list[dict]:
         out.append({"model": model, "ctx": ctx, "n": len(ps), "decode": dec, "median": statistics.median(dec),
                     "gpu_median": statistics.median(gpu) if gpu else None,
                     "prefill_median": statistics.median(p.prefill for p in ps), "goal": goal,
+                    "bound_median": _median([p.bound for p in ps]), "of_floor": [p.of_floor for p in ps],
                     "meets": None if goal is None else sum(d >= goal for d in dec)})
     return out
 
@@ -112,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", help="only rows whose source tag matches this regular expression")
     ap.add_argument("--goal", action="append", default=[], metavar="CTX=RATIO",
                     help="decode goal per ctx (default 65536=1.7 and 131072=2.5, issue 6)")
+    ap.add_argument("--floor", type=int, metavar="CTX",
+                    help="the short context whose dense row is the attention-free token (adds the bound and "
+                         "sparse ÷ floor per longer ctx)")
     ap.add_argument("--sweeps", action="store_true", help="print every pair too")
     ap.add_argument("--markdown", action="store_true", help="the summary as a markdown table")
     a = ap.parse_args(argv)
@@ -139,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         p, u = pair_rows(rows, where=f.name)
         pairs += p
         unpaired += u
+    if a.floor is not None:
+        pairs = attach_floor(pairs, a.floor)
+        if not any(p.floor for p in pairs):
+            print(f"--floor {a.floor}: no sweep has a dense row at that ctx beside a longer one", file=sys.stderr)
+            return 1
     if not pairs:
         print("no sparse row with a dense row of its ctx in the same sweep", file=sys.stderr)
         return 1
@@ -148,22 +186,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p.group[:60]:<60} {p.model:<22} {p.ctx:>7} {p.sparse['decode_tok_s']:>8.2f} "
                   f"{p.dense['decode_tok_s']:>8.2f}  decode {p.decode:.2f}×  GPU-side "
                   f"{'—' if g is None else f'{g:.2f}×'}  prefill {p.prefill:.2f}×"
+                  + (f"  bound {p.bound:.2f}×  sparse ÷ floor {p.of_floor:.2f}" if p.floor else "")
                   + (f"  [{p.variant}]" if p.variant else ""))
         print()
     rows = summarize(pairs, goals)
+    fl = a.floor is not None
     if a.markdown:
-        print("| model, ctx | sweeps | decode ratios (sorted) | **median** | GPU-side median | prefill median | ≥ goal |")
-        print("|---|---:|---|---:|---:|---:|---|")
+        print("| model, ctx | sweeps | decode ratios (sorted) | **median** | GPU-side median | prefill median | ≥ goal |"
+              + (" bound median | sparse ÷ floor |" if fl else ""))
+        print("|---|---:|---|---:|---:|---:|---|" + ("---:|---|" if fl else ""))
     for s in rows:
         vals = " ".join(f"{d:.2f}" for d in sorted(s["decode"]))
         gm = "—" if s["gpu_median"] is None else f"{s['gpu_median']:.2f}"
         meets = "—" if s["goal"] is None else f"{s['meets']} of {s['n']} (goal {s['goal']})"
+        bm = "—" if s["bound_median"] is None else f"{s['bound_median']:.2f}"
+        of = " ".join(f"{x:.2f}" for x in sorted(x for x in s["of_floor"] if x is not None)) or "—"
         if a.markdown:
             print(f"| {s['model']}, {s['ctx'] // 1024}K | {s['n']} | {vals} | **{s['median']:.2f}** | {gm} | "
-                  f"{s['prefill_median']:.2f} | {meets} |")
+                  f"{s['prefill_median']:.2f} | {meets} |" + (f" {bm} | {of} |" if fl else ""))
         else:
             print(f"{s['model']:<22} {s['ctx']:>7}  n {s['n']:>2}  median {s['median']:.2f}  GPU-side {gm}  "
-                  f"prefill {s['prefill_median']:.2f}  meets {meets}  [{vals}]")
+                  f"prefill {s['prefill_median']:.2f}  meets {meets}  [{vals}]"
+                  + (f"  bound {bm}  sparse ÷ floor [{of}]" if fl else ""))
     if unpaired:
         print(f"({unpaired} sparse rows without a dense row of their ctx in their sweep left out)")
     return 0
