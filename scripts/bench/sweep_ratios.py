@@ -116,8 +116,13 @@ def attach_floor(pairs: list[Pair], floor_ctx: int) -> list[Pair]:
 
 
 def _median(xs: list) -> float | None:
+    """The median of the values that are not None; None when there are none."""
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
 
 
 def summarize(pairs: list[Pair], goals: dict[int, float]) -> list[dict]:
@@ -125,10 +130,9 @@ def summarize(pairs: list[Pair], goals: dict[int, float]) -> list[dict]:
     for model, ctx in sorted({(p.model, p.ctx) for p in pairs if p.variant is None}):
         ps = [p for p in pairs if p.model == model and p.ctx == ctx and p.variant is None]
         dec = [p.decode for p in ps]
-        gpu = [g for g in (p.gpu_side for p in ps) if g is not None]
         goal = goals.get(ctx)
         out.append({"model": model, "ctx": ctx, "n": len(ps), "decode": dec, "median": statistics.median(dec),
-                    "gpu_median": statistics.median(gpu) if gpu else None,
+                    "gpu_median": _median([p.gpu_side for p in ps]),
                     "prefill_median": statistics.median(p.prefill for p in ps), "goal": goal,
                     "bound_median": _median([p.bound for p in ps]), "of_floor": [p.of_floor for p in ps],
                     "meets": None if goal is None else sum(d >= goal for d in dec)})
@@ -197,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---:|---|---:|---:|---:|---|" + ("---:|---|" if fl else ""))
     for s in rows:
         vals = " ".join(f"{d:.2f}" for d in sorted(s["decode"]))
-        gm = "—" if s["gpu_median"] is None else f"{s['gpu_median']:.2f}"
+        gm = _fmt(s["gpu_median"])
         meets = "—" if s["goal"] is None else f"{s['meets']} of {s['n']} (goal {s['goal']})"
-        bm = "—" if s["bound_median"] is None else f"{s['bound_median']:.2f}"
+        bm = _fmt(s["bound_median"])
         of = " ".join(f"{x:.2f}" for x in sorted(x for x in s["of_floor"] if x is not None)) or "—"
         if a.markdown:
             print(f"| {s['model']}, {s['ctx'] // 1024}K | {s['n']} | {vals} | **{s['median']:.2f}** | {gm} | "
