@@ -166,6 +166,8 @@ def eval_cmd(
     data: Optional[Path] = typer.Option(None, help="evaluation text file (else env DSA_WIKITEXT2 / cache)"),
     download: bool = typer.Option(False, "--download", help="download WikiText-2 if not found locally"),
     n_gpu_layers: Optional[int] = typer.Option(None, help="layers on the GPU (default: all when CUDA is present)"),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="llama.cpp CPU threads (default: the CPUs "
+                                          "this process may run on, e.g. under taskset)"),
     flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn",
                                               help="llama.cpp flash attention (default: off; on with --needle)"),
     tokenizer: Optional[Path] = typer.Option(None, help="HF tokenizer dir for --backend torch on a GGUF"),
@@ -191,19 +193,22 @@ def eval_cmd(
         from .backend.runtime import preload_llama_cpp
         preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
     if backend == "torch":
-        llama_only = {"--flash-attn / --no-flash-attn": flash_attn, "--n-gpu-layers": n_gpu_layers}
+        llama_only = {"--flash-attn / --no-flash-attn": flash_attn, "--n-gpu-layers": n_gpu_layers,
+                      "--threads": threads}
         given = [k for k, v in llama_only.items() if v is not None]
         if given:
             raise BadInputError(f"{given[0]} is an option of --backend llama.cpp (the torch backend uses --device)")
+    if threads is not None and threads < 1:
+        raise BadInputError(f"--threads must be >= 1 (got {threads})")
     needle_only = {"--lengths": lengths, "--depths": depths, "--trials": trials, "--filler": filler,
                    "--max-new": max_new, "--plot": plot, "--force": force or None}
     if needle is not None:
         if kld:
             raise BadInputError("--kld is an option of the perplexity mode, not of --needle")
         return _eval_needle(file, needle, backend=backend, attn=attn, kv=kv, index_keys=_lower(index_keys),
-                            top_k=top_k, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, tokenizer=tokenizer,
-                            device=device, seed=seed, as_json=as_json, lengths=lengths, depths=depths, trials=trials,
-                            filler=filler, max_new=max_new, plot=plot, force=force)
+                            top_k=top_k, n_gpu_layers=n_gpu_layers, threads=threads, flash_attn=flash_attn,
+                            tokenizer=tokenizer, device=device, seed=seed, as_json=as_json, lengths=lengths,
+                            depths=depths, trials=trials, filler=filler, max_new=max_new, plot=plot, force=force)
     given = [k for k, v in needle_only.items() if v is not None]
     if given:
         raise BadInputError(f"{given[0]} is an option of --needle")
@@ -224,7 +229,7 @@ def eval_cmd(
         ngl = n_gpu_layers if n_gpu_layers is not None else (999 if lc.llama_supports_gpu_offload() else 0)
         res = run(file, evdata.read_eval_text(text_path),
                   LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, index_keys=_lower(index_keys),
-                                  n_gpu_layers=ngl, flash_attn=flash_attn, quiet=as_json,
+                                  n_gpu_layers=ngl, threads=threads, flash_attn=flash_attn, quiet=as_json,
                                   **({"kld": True} if kld else {})))
     elif backend == "torch":
         from .eval.torch_backend import run_torch_eval
@@ -349,7 +354,7 @@ def bench(
                                       "(the file's ASQ prototypes); dense runs use f16 with --kv asq"),
     index_keys: Optional[str] = typer.Option(None, "--index-keys", help=_INDEX_KEYS_HELP),
     batch: int = typer.Option(512, help="prefill batch (n_batch = n_ubatch)"),
-    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)"),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: the CPUs this process may run on)"),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="llama.cpp flash attention"),
     dense_flash_attn: str = typer.Option("same", "--dense-flash-attn",
                                          help="flash attention of the dense runs: same (as --flash-attn) | on | off | "
@@ -431,7 +436,8 @@ def run_cmd(
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random, reported)"),
     n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help=_SESSION_HELP["ngl"]),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn"),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="CPU threads (default: all)"),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t",
+                                          help="CPU threads (default: the CPUs this process may run on)"),
     as_json: bool = typer.Option(False, "--json", help="print the whole result as JSON instead of streaming"),
 ):
     """Generate a completion: the text streams to stdout, a one-line stats footer goes to stderr."""

@@ -224,6 +224,17 @@ def test_bench_variant_runs_a_switch_in_the_same_sweep(tiny, monkeypatch):
 
 
 @requires_backend
+def test_bench_default_threads_are_the_pinned_cpus(tiny):
+    """Without --threads llama.cpp gets one thread per CPU the process may run on (--cpus 0: one), not one per CPU of
+    the host, so that sweeps pinned side by side do not oversubscribe their cores."""
+    r = run_dsa("bench", str(tiny), "--ctx", "64", "--gen", "2", "--attn", "dense", "--n-gpu-layers", "0",
+                "--no-indexer-share", "--cpus", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [x["threads"] for x in rows] == [1] and rows[0]["host_cpu"]["affinity"] == "0", rows
+
+
+@requires_backend
 def test_bench_force_allows_ctx_beyond_training(tiny):
     r = run_dsa("bench", str(tiny), "--ctx", "2100", "--gen", "2", "--attn", "dense", "--threads", "1",
                 "--force", "--json")

@@ -347,6 +347,9 @@ def test_cli_bad_input_without_a_model(tmp_path):
          "--backend llama.cpp"),
         (["eval", str(txt), "--needle", "passkey", "--backend", "torch", "--n-gpu-layers", "0"],
          "--n-gpu-layers is an option of --backend llama.cpp"),
+        (["eval", str(txt), "--backend", "torch", "--threads", "2"], "--threads is an option of --backend llama.cpp"),
+        (["eval", str(txt), "--needle", "passkey", "--threads", "0"], "--threads must be >= 1"),
+        (["eval", str(txt), "-t", "-1"], "--threads must be >= 1"),
     ]
     for args, msg in cases:
         assert_one_line_error(run_dsa(*args), msg)
@@ -397,10 +400,11 @@ def test_torch_backend_retrieves_passkey(gguf_32k, tmp_path):
 def test_llamacpp_backend_retrieves_passkey_same_prompts(gguf_32k, tmp_path):
     png = tmp_path / "grid.png"                          # drawn in a child interpreter (needle_plot)
     r = run_dsa("eval", str(gguf_32k), "--needle", "passkey", "--lengths", "2048", "--depths", "3", "--attn", "dense",
-                "--max-new", "6", "--plot", str(png), "--json", timeout=600)
+                "--max-new", "6", "--threads", "1", "--plot", str(png), "--json", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     assert res["backend"] == "llama.cpp" and res["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
+    assert res["threads"] == 1
     _check_retrieval(res, 2048, 3)
     # the prompts are the torch backend's: same seeds, same needles, same lengths in tokens
     assert [a["seed"] for row in res["rows"] for a in row["answers"]] == [trial_seed(0, 2048, d, 0) for d in range(3)]

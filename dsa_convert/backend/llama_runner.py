@@ -36,6 +36,15 @@ def asq_cache_override(path: Path) -> dict:
         g.close()
 
 
+def default_threads() -> int:
+    """llama.cpp threads when none are asked for: the CPUs this process may run on (`taskset`, a container's cpuset),
+    not every CPU of the host, so that runs pinned side by side do not oversubscribe their cores."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:      # no affinity call on this OS
+        return max(1, os.cpu_count() or 1)
+
+
 @dataclass
 class RunnerOptions:
     n_ctx: int = 512
@@ -82,8 +91,8 @@ def open_model(path: Path, opts: RunnerOptions):
                 model_path=str(path), n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_batch,
                 n_gpu_layers=opts.n_gpu_layers, flash_attn=opts.flash_attn, type_k=kvt, type_v=kvt,
                 kv_overrides=overrides or None, logits_all=opts.logits_all,
-                n_threads=opts.n_threads or (os.cpu_count() or 1),
-                n_threads_batch=opts.n_threads or (os.cpu_count() or 1), verbose=opts.verbose)
+                n_threads=opts.n_threads or default_threads(),
+                n_threads_batch=opts.n_threads or default_threads(), verbose=opts.verbose)
     except ValueError as e:  # llama-cpp-python raises ValueError("Failed to load model from file: …")
         raise DsaError(f"llama.cpp could not load {Path(path).name}: {e}") from None
 

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
-from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, open_model
+from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, default_threads, open_model
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
 from ..resources import peak_rss_mib
@@ -87,7 +87,7 @@ class BenchOptions:
     kv: str = "f16"
     index_keys: str | None = None     # indexer-key cache of the sparse runs: f16 | f32 (None: INDEX_KEYS_DEFAULT)
     batch: int = 512                  # n_batch = n_ubatch of the context
-    threads: int | None = None        # None: os.cpu_count()
+    threads: int | None = None        # None: the CPUs this process may run on (default_threads)
     flash_attn: bool = True
     dense_flash_attn: str = "same"    # DENSE_FLASH_ATTN
     force: bool = False               # allow ctx > the model's trained context
@@ -291,7 +291,7 @@ def _timed_context(lc, path: Path, ctx_len: int, attn: str, o: BenchOptions, fi:
     """One context: warm-up, the timed prefill of ctx_len random tokens, WARM_DECODES untimed and --gen timed
     single-token decodes; the context is freed before returning (the patch logs its host timing then). The patch's
     switches in the environment apply: llama.cpp reads them when the context is created."""
-    threads = o.threads or (os.cpu_count() or 1)
+    threads = o.threads or default_threads()
     ropts = RunnerOptions(n_ctx=ctx_len + 2 * o.gen + WARM_DECODES, n_batch=o.batch, n_gpu_layers=o.n_gpu_layers,
                           flash_attn=flash_attn, kv_type=o.kv, kv_overrides=fi.overrides[attn],
                           n_threads=threads, logits_all=False)

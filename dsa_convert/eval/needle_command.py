@@ -24,6 +24,7 @@ class NeedleCommand:
     filler: str | None = None
     backend: str = "llama.cpp"
     n_gpu_layers: int | None = None     # llama.cpp; None: every layer where the build offloads
+    threads: int | None = None          # llama.cpp; None: default_threads()
     top_k: int | None = None
     index_keys: str | None = None       # llama.cpp
     flash_attn: bool = True             # llama.cpp
@@ -87,16 +88,17 @@ def _llama_run(c: NeedleCommand) -> dict:
         g.close()
     validate_options(o, int(n_train) if n_train is not None else None)
     lc = import_llama_cpp()
-    from ..backend.llama_runner import check_kv_flash_attn
+    from ..backend.llama_runner import check_kv_flash_attn, default_threads
     from .needle_llamacpp import LlamaNeedleBackend
 
     check_kv_flash_attn(o.kv, c.flash_attn)
     ngl = c.n_gpu_layers if c.n_gpu_layers is not None else (999 if lc.llama_supports_gpu_offload() else 0)
     n_ctx = max(o.lengths)
+    threads = c.threads or default_threads()
     res = run_needle(lambda m: LlamaNeedleBackend(c.file, n_ctx=n_ctx, attn=m, kv=kv_of[m], top_k=c.top_k,
-                                                  n_gpu_layers=ngl, flash_attn=c.flash_attn,
+                                                  n_gpu_layers=ngl, threads=threads, flash_attn=c.flash_attn,
                                                   index_keys=c.index_keys if m != "dense" else None), o)
-    res.update(n_gpu_layers=ngl, flash_attn=c.flash_attn, top_k=c.top_k)
+    res.update(n_gpu_layers=ngl, threads=threads, flash_attn=c.flash_attn, top_k=c.top_k)
     return res
 
 

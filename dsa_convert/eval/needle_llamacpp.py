@@ -29,7 +29,8 @@ class LlamaNeedleBackend:
     name = "llama.cpp"
 
     def __init__(self, path: Path, *, n_ctx: int, attn: str | None, kv: str = "f16", top_k: int | None = None,
-                 n_gpu_layers: int = 0, flash_attn: bool = True, index_keys: str | None = None, n_batch: int = 1024):
+                 n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = True,
+                 index_keys: str | None = None, n_batch: int = 1024):
         path = Path(path)
         if n_ctx < 8:
             raise BadInputError(f"n_ctx must be >= 8 (got {n_ctx})")
@@ -40,8 +41,8 @@ class LlamaNeedleBackend:
             g.close()
         self.path, self.n_ctx, self.kv = path, n_ctx, kv
         self._llm = open_model(path, RunnerOptions(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_gpu_layers=n_gpu_layers,
-                                                   flash_attn=flash_attn, kv_type=kv, kv_overrides=overrides,
-                                                   logits_all=False))
+                                                   n_threads=threads, flash_attn=flash_attn, kv_type=kv,
+                                                   kv_overrides=overrides, logits_all=False))
         self.n_ctx_train = int(self._llm._model.n_ctx_train())
         self.eos_id = int(self._llm.token_eos())
         self.bos_id = int(self._llm.token_bos())

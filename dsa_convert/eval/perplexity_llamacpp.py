@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.llama_log import capture_log, parse_kv_log
-from ..backend.llama_runner import RunnerOptions, close_model, decode_rows, open_model, tokenize
+from ..backend.llama_runner import RunnerOptions, close_model, decode_rows, default_threads, open_model, tokenize
 from ..backend.runtime import import_llama_cpp
 from ..errors import BadInputError
 from ..formats.gguf_read import GgufFile
@@ -30,6 +30,7 @@ class LlamaPplOptions:
     kv: str = "f16"
     index_keys: str | None = None      # the indexer-key cache: f16 (None: the default) or f32 (exact)
     n_gpu_layers: int = 0
+    threads: int | None = None         # None: default_threads()
     flash_attn: bool = False
     batch: int | None = None           # tokens per llama_decode (and ubatch); None: min(ctx, BATCH_DEFAULT_MAX)
     quiet: bool = False
@@ -138,8 +139,9 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
     finally:
         g.close()
     lc = import_llama_cpp()
+    threads = o.threads or default_threads()
     ropts = dict(n_ctx=o.ctx, n_batch=o.batch or min(o.ctx, BATCH_DEFAULT_MAX), n_gpu_layers=o.n_gpu_layers,
-                 flash_attn=o.flash_attn, logits_all=False)
+                 n_threads=threads, flash_attn=o.flash_attn, logits_all=False)
     with capture_log(lc) as log:
         llm = open_model(path, RunnerOptions(**ropts, kv_type=o.kv, kv_overrides=ov))
     base = None
@@ -156,7 +158,7 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
     return {**res, "ctx": o.ctx, "attn": mode["attn"], "kv": o.kv, "index_keys": mode["index_keys"],
             "top_k": mode["top_k"], "sink": mode["sink"], "local": mode["local"], "backend": "llama.cpp",
             "device": "cuda" if (o.n_gpu_layers and llama_cpp.llama_supports_gpu_offload()) else "cpu",
-            "flash_attn": o.flash_attn, "n_gpu_layers": o.n_gpu_layers, "file": str(path),
+            "flash_attn": o.flash_attn, "n_gpu_layers": o.n_gpu_layers, "threads": threads, "file": str(path),
             **parse_kv_log("".join(log)).report()}
 
 
