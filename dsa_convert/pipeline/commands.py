@@ -60,7 +60,8 @@ COMMANDS: dict[str, Command] = {
         "eval", ("FILE",),
         Option("--ppl"), Option("--needle"), Option("--backend"), Option("--attn"), Option("--kv"),
         Option("--index-keys"), Option("--ctx"), Option("--chunks"), Option("--top-k"), Option("--data", PATH),
-        Option("--download", SWITCH), Option("--n-gpu-layers"), Option("--flash-attn", SWITCH, "--no-flash-attn"),
+        Option("--download", SWITCH), Option("--n-gpu-layers"), Option("--threads"),
+        Option("--flash-attn", SWITCH, "--no-flash-attn"),
         Option("--tokenizer", PATH), Option("--device"), Option("--seed"), Option("--kld", SWITCH), Option("--lengths"),
         Option("--depths"), Option("--trials"), Option("--filler"), Option("--max-new"), Option("--plot", PATH)),
 }
