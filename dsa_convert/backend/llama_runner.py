@@ -85,14 +85,14 @@ def open_model(path: Path, opts: RunnerOptions):
     overrides = dict(opts.kv_overrides or {})
     if opts.kv_type != "asq":
         overrides = {**asq_cache_override(path), **overrides}
+    threads = opts.n_threads or default_threads()
     try:
         with _quiet_stderr(not opts.verbose):
             return lc.Llama(
                 model_path=str(path), n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_batch,
                 n_gpu_layers=opts.n_gpu_layers, flash_attn=opts.flash_attn, type_k=kvt, type_v=kvt,
                 kv_overrides=overrides or None, logits_all=opts.logits_all,
-                n_threads=opts.n_threads or default_threads(),
-                n_threads_batch=opts.n_threads or default_threads(), verbose=opts.verbose)
+                n_threads=threads, n_threads_batch=threads, verbose=opts.verbose)
     except ValueError as e:  # llama-cpp-python raises ValueError("Failed to load model from file: …")
         raise DsaError(f"llama.cpp could not load {Path(path).name}: {e}") from None
 
