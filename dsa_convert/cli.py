@@ -192,14 +192,14 @@ def eval_cmd(
     if backend == "llama.cpp":
         from .backend.runtime import preload_llama_cpp
         preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
+    from .backend.llama_runner import check_threads
     if backend == "torch":
         llama_only = {"--flash-attn / --no-flash-attn": flash_attn, "--n-gpu-layers": n_gpu_layers,
                       "--threads": threads}
         given = [k for k, v in llama_only.items() if v is not None]
         if given:
             raise BadInputError(f"{given[0]} is an option of --backend llama.cpp (the torch backend uses --device)")
-    if threads is not None and threads < 1:
-        raise BadInputError(f"--threads must be >= 1 (got {threads})")
+    check_threads(threads)
     needle_only = {"--lengths": lengths, "--depths": depths, "--trials": trials, "--filler": filler,
                    "--max-new": max_new, "--plot": plot, "--force": force or None}
     if needle is not None:

@@ -254,6 +254,7 @@ def test_bench_force_allows_ctx_beyond_training(tiny):
     (["--kv", "q4_0", "--dense-flash-attn", "both"], "flash attention"),
     (["--dense-flash-attn", "sometimes"], "unknown --dense-flash-attn 'sometimes'"),
     (["--gen", "0"], "--gen must be > 0"),
+    (["--threads", "0"], "--threads must be >= 1 (got 0)"),
     (["--index-keys", "q8_0"], "unknown --index-keys"),
     (["--variant", "FUSED=0"], "expected LLAMA_DSA_NAME=VALUE"),
     (["--variant", "LLAMA_DSA_FUSED=0+PATH=/tmp"], "expected LLAMA_DSA_NAME=VALUE"),

@@ -109,6 +109,8 @@ def test_bad_input_is_one_line_and_leaves_no_server(files, tmp_path):
         (("run", str(dsa_file)), "-p TEXT or -f FILE"),
         (("run", str(dsa_file), "-f", str(tmp_path / "nope.txt")), "cannot read"),
         (("run", str(dsa_file), "-p", "hi", "-n", "0"), "--n-predict"),
+        (("run", str(dsa_file), "-p", "hi", "-t", "0"), "--threads must be >= 1 (got 0)"),
+        (("serve", str(dsa_file), "--threads", "-2", "--port", str(port)), "--threads must be >= 1 (got -2)"),
         (("run", str(tmp_path / "missing.gguf"), "-p", "hi"), "not found"),
     ]
     for args, needle in cases:

@@ -164,6 +164,12 @@ def test_group_size_not_multiple_of_32(tiny_gguf, tmp_path):
                          out, "multiple of 32")
 
 
+def test_threads_below_one(tiny_gguf, tmp_path):
+    out = tmp_path / "o.gguf"
+    assert_clean_failure(run_dsa("quantize", str(tiny_gguf), str(out), "--method", "rtn", "--threads", "0"),
+                         out, "--threads must be >= 1 (got 0)")
+
+
 def test_already_quantized(tiny_gguf, tmp_path):
     q = tmp_path / "q.gguf"
     r = run_dsa("quantize", str(tiny_gguf), str(q), "--method", "rtn", "--group-size", "32")

@@ -57,7 +57,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
-from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, default_threads, open_model
+from ..backend.llama_runner import (KV_TYPES, RunnerOptions, check_kv_flash_attn, check_threads, default_threads,
+                                    open_model)
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
 from ..resources import peak_rss_mib
@@ -216,6 +217,7 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         raise BadInputError(f"--batch must be > 0 (got {o.batch})")
     if o.n_gpu_layers < 0:
         raise BadInputError(f"--n-gpu-layers must be >= 0 (got {o.n_gpu_layers})")
+    check_threads(o.threads)
     if o.kv not in KV_TYPES:
         raise BadInputError(f"unknown --kv {o.kv!r} (choose from {', '.join(KV_TYPES)})")
     if o.dense_flash_attn not in DENSE_FLASH_ATTN:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..backend.llama_log import capture_log, parse_kv_log
-from ..backend.llama_runner import RunnerOptions, close_model, open_model
+from ..backend.llama_runner import RunnerOptions, check_threads, close_model, open_model
 from ..backend.runtime import import_llama_cpp
 from ..errors import BadInputError
 from .session import SessionPlan
@@ -39,6 +39,7 @@ def check_run_options(o: RunOptions) -> None:
         raise BadInputError(f"--temp must be >= 0 (got {o.temp})")
     if o.seed is not None and not 0 <= o.seed < 2 ** 32:
         raise BadInputError(f"--seed must be in 0 .. 2^32 - 1 (got {o.seed})")
+    check_threads(o.threads)
 
 
 def sparse_description(sparse_line: str | None, plan: SessionPlan) -> str:

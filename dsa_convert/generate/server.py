@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
+from ..backend.llama_runner import check_threads
 from ..backend.runtime import tool_path
 from ..errors import BadInputError, DsaError
 from .session import SessionPlan
@@ -39,8 +40,7 @@ def check_serve_options(o: ServeOptions) -> None:
         raise BadInputError(f"--port must be in 1 .. 65535 (got {o.port})")
     if o.parallel < 1:
         raise BadInputError(f"--parallel must be >= 1 (got {o.parallel})")
-    if o.threads is not None and o.threads < 1:
-        raise BadInputError(f"--threads must be >= 1 (got {o.threads})")
+    check_threads(o.threads)
 
 
 def check_port_free(host: str, port: int) -> None:

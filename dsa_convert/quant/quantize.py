@@ -24,6 +24,7 @@ import gguf
 import numpy as np
 import torch
 
+from ..backend.llama_runner import check_threads
 from ..errors import BadInputError, DsaError
 from ..resources import peak_resources
 from ..formats.atomic import atomic_output, check_output
@@ -113,6 +114,7 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
     fmt = FORMATS[opts.qtype]
     if opts.group_size <= 0 or opts.group_size % 32:
         raise BadInputError(f"--group-size must be a positive multiple of 32 (got {opts.group_size})")
+    check_threads(opts.threads)
     check_output(opts.out, opts.force)
     if Path(opts.inp).resolve() == Path(opts.out).resolve():
         raise BadInputError("input and output are the same file")
