@@ -103,21 +103,6 @@ def rand_f16(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> n
     return bits.view(np.float16)
 
 
-def synth_vocab(n: int):
-    """Minimal SentencePiece-style vocab of exactly n tokens that llama.cpp accepts."""
-    from dsa_convert.formats.tokenizer import VocabSpec
-
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
-    if n < len(tokens) + 1:
-        raise BadInputError(f"vocab size {n} too small for a synthetic vocab (need > {len(tokens)})")
-    tokens += [f"\u2581t{i}" for i in range(n - len(tokens))]
-    types += [gguf.TokenType.NORMAL] * (n - len(types))
-    scores = [0.0] * 259 + [-float(i) for i in range(n - 259)]
-    return VocabSpec(model="llama", pre="default", tokens=tokens, scores=scores, token_types=[int(t) for t in types],
-                     bos_id=1, eos_id=2, unk_id=0, add_bos=True)
-
-
 def plan(spec: ModelSpec, o: SynthOptions):
     """PlannedTensor list: base model in GGUF order (qwen2 biases, qwen3 q/k norms), the indexer (FORMAT.md §3)."""
     from dsa_convert.formats.tensor_plan import PlannedTensor, llama3_rope_factors
@@ -197,12 +182,12 @@ def _write_f16(path: Path, o: SynthOptions, spec: ModelSpec) -> int:
     from dsa_convert.dsa.config import DsaConfig
     from dsa_convert.dsa.retrofit import dsa_kv
     from dsa_convert.formats.gguf_write import ExtraKV, add_extra_kv, add_model_keys, open_writer, stream_tensors
-    from dsa_convert.formats.tokenizer import write_vocab
+    from dsa_convert.formats.tokenizer import byte_vocab, write_vocab
     from dsa_convert.progress import task
 
     w = open_writer(path, spec.arch_name)
     add_model_keys(w, spec, gguf.LlamaFileType.MOSTLY_F16)
-    write_vocab(w, synth_vocab(spec.vocab_size))
+    write_vocab(w, byte_vocab(spec.vocab_size))
     cfg = DsaConfig(top_k=o.top_k, sink=o.sink, local=o.local, index_heads=o.index_heads, index_dim=o.index_dim,
                     rope_dim=o.rope_dim, cluster_num=o.asq or None, residual_bits=o.asq_bits, index_share=o.index_share)
     add_extra_kv(w, ExtraKV(dsa_kv(spec.arch_name, cfg, o.sink, o.local, "user", "pre_rope" if o.asq else None,

@@ -1,7 +1,12 @@
-"""The backend cache entry: shared libraries stored once, version links kept as links; the op-tests build option."""
+"""The backend cache entry: shared libraries stored once, version links kept as links; what its key holds (the
+op-tests option, the compiler environment); the build's load check on the built wheel."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
+from conftest import requires_backend
 
 from dsa_convert.backend.build import copy_shared_libs
 
@@ -40,3 +45,50 @@ def test_op_tests_build_adds_test_backend_ops_and_changes_the_cache_key(tmp_path
     sdist = tmp_path / "x.tar.gz"
     sdist.write_bytes(b"sdist")
     assert build_key(plain, sdist) != build_key(with_tests, sdist)
+
+
+def test_compiler_environment_changes_the_cache_key(tmp_path, monkeypatch):
+    from dsa_convert.backend.build import BuildConfig, build_key
+
+    sdist = tmp_path / "x.tar.gz"
+    sdist.write_bytes(b"sdist")
+    for k in ("CC", "CXX", "CUDAHOSTCXX", "CFLAGS", "CXXFLAGS", "LDFLAGS"):
+        monkeypatch.delenv(k, raising=False)
+    plain = build_key(BuildConfig(), sdist)
+    monkeypatch.setenv("CXX", "/opt/gcc/bin/g++")
+    other = build_key(BuildConfig(), sdist)
+    monkeypatch.setenv("CXX", "")
+    assert plain != other and build_key(BuildConfig(), sdist) == plain
+
+
+def _built_wheel() -> Path:
+    from dsa_convert.backend.runtime import current_build
+
+    return next((current_build() / "wheel").glob("*.whl"))
+
+
+@requires_backend
+def test_load_check_passes_with_the_built_wheel(tmp_path):
+    import io
+
+    from dsa_convert.backend.build import BuildConfig, _load_check
+
+    log = io.StringIO()
+    _load_check(BuildConfig(), _built_wheel(), tmp_path, log, print)
+    assert "load check: decoded 5 tokens with " + str(tmp_path / "check-site") in log.getvalue()
+
+
+@requires_backend
+def test_load_check_reports_a_model_the_library_cannot_load(tmp_path):
+    import io
+    import zipfile
+
+    from dsa_convert.backend.load_check import LoadCheckFailed, run_load_check, write_check_model
+
+    with zipfile.ZipFile(_built_wheel()) as z:
+        z.extractall(tmp_path / "site")
+    model = tmp_path / "check.gguf"
+    write_check_model(model)
+    model.write_bytes(model.read_bytes()[:4096])     # header and vocabulary cut off
+    with pytest.raises(LoadCheckFailed, match=r"loading a 1-layer model failed \(exit 1\): ValueError: Failed to load"):
+        run_load_check(tmp_path / "site", model, 0, io.StringIO())

@@ -3,7 +3,8 @@
 Steps: locate (or `pip download`) the sdist -> untar -> apply ``patches/llama.cpp/*.patch``
 to ``vendor/llama.cpp`` -> ``pip wheel`` with ``CMAKE_ARGS`` (build dir kept) -> build the
 vendored tools (llama-perplexity, llama-quantize, llama-imatrix, llama-bench, llama-passkey, llama-cli,
-llama-server) in the same tree -> cache wheel + tools under a key of version + sdist hash + patch hash + flags.
+llama-server) in the same tree -> load a 1-layer model with the new wheel in a child process (load_check.py) ->
+cache wheel + tools under a key of version + sdist hash + patch hash + flags + compiler environment.
 A second build with the same key is a cache hit: only ``pip install`` of the cached wheel.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,8 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 VENDORED_LLAMA_CPP_COMMIT = "0c1e57098"
 TOOLS = ("llama-perplexity", "llama-quantize", "llama-imatrix", "llama-bench", "llama-passkey", "llama-cli",
          "llama-server")
+# the environment CMake's compilers and flags come from: a different compiler is a different build
+TOOLCHAIN_ENV = ("CC", "CXX", "CUDAHOSTCXX", "CFLAGS", "CXXFLAGS", "LDFLAGS")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PATCH_DIR = REPO_ROOT / "patches" / "llama.cpp"
 
@@ -120,6 +124,9 @@ def build_key(cfg: BuildConfig, sdist: Path) -> str:
         "machine": platform.machine(),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
+    toolchain = {k: os.environ[k] for k in TOOLCHAIN_ENV if os.environ.get(k)}
+    if toolchain:   # absent when unset, so builds with the default compiler keep their earlier keys
+        ident["toolchain"] = toolchain
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return f"{LLAMA_CPP_PYTHON_VERSION}-{'cuda' if cfg.cuda else 'cpu'}-{digest}"
 
@@ -218,6 +225,7 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
                 raise BuildError(f"tool {t} was not built")
             shutil.copy2(exe, bin_dir / t)
         copy_shared_libs(bdir, bin_dir)
+        _load_check(cfg, next((staging / "wheel").glob("*.whl")), work, log, say)
         meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
                 "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
                 "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(cfg.tools())}
@@ -228,6 +236,25 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
     os.replace(staging, out)  # atomic publish: a killed build never leaves a half cache entry
     shutil.rmtree(work, ignore_errors=True)
     say(f"backend built: {out}")
+
+
+def _load_check(cfg: BuildConfig, wheel: Path, work: Path, log, say) -> None:
+    """Unpack the wheel and load a 1-layer model with it in a child process (load_check.py). A CUDA build is checked
+    on its GPU, so only where one is visible; elsewhere the check is skipped with a line that says so."""
+    if cfg.cuda and shutil.which("nvidia-smi") is None:
+        say("load check skipped: a CUDA build and no GPU on this machine")
+        return
+    from .load_check import LoadCheckFailed, run_load_check, write_check_model   # numpy and gguf: only when building
+
+    site = work / "check-site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    model = work / "check.gguf"
+    write_check_model(model)
+    try:
+        run_load_check(site, model, 99 if cfg.cuda else 0, log)
+    except LoadCheckFailed as e:
+        raise BuildError(f"{e}; the compiler was {os.environ.get('CXX', 'the default c++')} — see {log.name}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,20 @@ class VocabSpec:
         return len(self.tokens)
 
 
+def byte_vocab(n: int) -> VocabSpec:
+    """A SentencePiece-style vocabulary of exactly n tokens that llama.cpp accepts: <unk> <s> </s>, the 256 byte
+    tokens, then filler pieces. For files with random weights (speed benchmarks, the backend build's load check)."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    if n < len(tokens) + 1:
+        raise BadInputError(f"vocab size {n} too small for a byte vocabulary (need > {len(tokens)})")
+    tokens += [f"\u2581t{i}" for i in range(n - len(tokens))]
+    types += [gguf.TokenType.NORMAL] * (n - len(types))
+    scores = [0.0] * 259 + [-float(i) for i in range(n - 259)]
+    return VocabSpec(model="llama", pre="default", tokens=tokens, scores=scores, token_types=[int(t) for t in types],
+                     bos_id=1, eos_id=2, unk_id=0, add_bos=True)
+
+
 def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
