@@ -48,11 +48,11 @@ def test_op_tests_build_adds_test_backend_ops_and_changes_the_cache_key(tmp_path
 
 
 def test_compiler_environment_changes_the_cache_key(tmp_path, monkeypatch):
-    from dsa_convert.backend.build import BuildConfig, build_key
+    from dsa_convert.backend.build import TOOLCHAIN_ENV, BuildConfig, build_key
 
     sdist = tmp_path / "x.tar.gz"
     sdist.write_bytes(b"sdist")
-    for k in ("CC", "CXX", "CUDAHOSTCXX", "CFLAGS", "CXXFLAGS", "LDFLAGS"):
+    for k in TOOLCHAIN_ENV:
         monkeypatch.delenv(k, raising=False)
     plain = build_key(BuildConfig(), sdist)
     monkeypatch.setenv("CXX", "/opt/gcc/bin/g++")
