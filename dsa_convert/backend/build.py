@@ -201,35 +201,39 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     say(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (patch {patch_hash()}, "
         f"{'CUDA' if cfg.cuda else 'CPU'}) — log: {log_path}")
-    with open(log_path, "w") as log:
-        with tarfile.open(sdist) as tf:
-            tf.extractall(work, filter="data")
-        src = next(p for p in work.iterdir() if p.is_dir())
-        apply_patches(src, log)
-        env = dict(os.environ)
-        env["CMAKE_ARGS"] = " ".join(shlex.quote(a) for a in cfg.cmake_args())
-        env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(cfg.jobs)
-        bdir = work / "build"
-        staging = work / "stage"
-        (staging / "wheel").mkdir(parents=True)
-        iso = [] if cfg.build_isolation else ["--no-build-isolation"]
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *iso, "-w", str(staging / "wheel"),
-              "-C", f"build-dir={bdir}", str(src)], log, env=env)
-        _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *cfg.tools()], log, env=env)
-        bin_dir = staging / "bin"
-        bin_dir.mkdir()
-        for t in cfg.tools():
-            hits = list(bdir.rglob(t))
-            exe = next((h for h in hits if h.is_file() and os.access(h, os.X_OK)), None)
-            if exe is None:
-                raise BuildError(f"tool {t} was not built")
-            shutil.copy2(exe, bin_dir / t)
-        copy_shared_libs(bdir, bin_dir)
-        _load_check(cfg, next((staging / "wheel").glob("*.whl")), work, log, say)
-        meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
-                "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
-                "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(cfg.tools())}
-        (staging / "build.json").write_text(json.dumps(meta, indent=2))
+    try:
+        with open(log_path, "w") as log:
+            with tarfile.open(sdist) as tf:
+                tf.extractall(work, filter="data")
+            src = next(p for p in work.iterdir() if p.is_dir())
+            apply_patches(src, log)
+            env = dict(os.environ)
+            env["CMAKE_ARGS"] = " ".join(shlex.quote(a) for a in cfg.cmake_args())
+            env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(cfg.jobs)
+            bdir = work / "build"
+            staging = work / "stage"
+            (staging / "wheel").mkdir(parents=True)
+            iso = [] if cfg.build_isolation else ["--no-build-isolation"]
+            _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *iso, "-w", str(staging / "wheel"),
+                  "-C", f"build-dir={bdir}", str(src)], log, env=env)
+            _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *cfg.tools()], log, env=env)
+            bin_dir = staging / "bin"
+            bin_dir.mkdir()
+            for t in cfg.tools():
+                hits = list(bdir.rglob(t))
+                exe = next((h for h in hits if h.is_file() and os.access(h, os.X_OK)), None)
+                if exe is None:
+                    raise BuildError(f"tool {t} was not built")
+                shutil.copy2(exe, bin_dir / t)
+            copy_shared_libs(bdir, bin_dir)
+            _load_check(cfg, next((staging / "wheel").glob("*.whl")), work, log, say)
+            meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
+                    "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
+                    "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(cfg.tools())}
+            (staging / "build.json").write_text(json.dumps(meta, indent=2))
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)     # a failed build leaves its log, not its build tree
+        raise
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -251,6 +255,7 @@ def _load_check(cfg: BuildConfig, wheel: Path, work: Path, log, say) -> None:
         z.extractall(site)
     model = work / "check.gguf"
     write_check_model(model)
+    _ensure_runtime_deps()      # what `pip install` of the wheel would bring; the child imports llama_cpp whole
     try:
         run_load_check(site, model, 99 if cfg.cuda else 0, log)
     except LoadCheckFailed as e:

@@ -33,7 +33,7 @@ TOKENS = (1, 259, 260, 261, 262)   # BOS, then filler pieces
 _CHILD = """
 import sys
 import llama_cpp
-m = llama_cpp.Llama(sys.argv[1], n_ctx=256, n_batch=64, n_gpu_layers=int(sys.argv[2]), verbose=False)
+m = llama_cpp.Llama(sys.argv[1], n_ctx=int(sys.argv[4]), n_batch=64, n_gpu_layers=int(sys.argv[2]), verbose=False)
 m.eval([int(t) for t in sys.argv[3].split(",")])
 import numpy as np
 row = np.asarray(m.scores[m.n_tokens - 1])
@@ -72,7 +72,7 @@ def run_load_check(site: Path, model: Path, gpu_layers: int, log, timeout: float
     output goes to *log*. Raises LoadCheckFailed on a crash, an error or a timeout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(site) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-c", _CHILD, str(model), str(gpu_layers), ",".join(map(str, TOKENS))]
+    cmd = [sys.executable, "-c", _CHILD, str(model), str(gpu_layers), ",".join(map(str, TOKENS)), str(SPEC.n_ctx)]
     log.write(f"$ python -c <load check> {model} {gpu_layers}\n")
     log.flush()
     try:
