@@ -1,5 +1,5 @@
 """The backend cache entry: shared libraries stored once, version links kept as links; what its key holds (the
-op-tests option, the compiler environment); the build's load check on the built wheel."""
+op-tests option, the compiler environment); the build's load check on the built wheel; what a failed build leaves."""
 from __future__ import annotations
 
 import os
@@ -92,3 +92,24 @@ def test_load_check_reports_a_model_the_library_cannot_load(tmp_path):
     model.write_bytes(model.read_bytes()[:4096])     # header and vocabulary cut off
     with pytest.raises(LoadCheckFailed, match=r"loading a 1-layer model failed \(exit 1\): ValueError: Failed to load"):
         run_load_check(tmp_path / "site", model, 0, io.StringIO())
+
+
+def test_a_failed_build_keeps_its_log_and_removes_its_build_tree(tmp_path, monkeypatch):
+    """An sdist whose vendored llama.cpp the patches do not fit: the build stops at the first patch with one line,
+    publishes no cache entry and leaves only the log behind."""
+    import tarfile
+
+    from dsa_convert.backend.build import BuildConfig, BuildError, build
+
+    src = tmp_path / "llama_cpp_python-0.0.0" / "vendor" / "llama.cpp"
+    src.mkdir(parents=True)
+    (src / "README.md").write_text("not llama.cpp\n")
+    sdist = tmp_path / "fake.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(tmp_path / "llama_cpp_python-0.0.0", arcname="llama_cpp_python-0.0.0")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DSA_CACHE", str(cache))
+    with pytest.raises(BuildError, match=r"command failed \(exit \d+\): patch -p1"):
+        build(BuildConfig(sdist=sdist), install=False, say=lambda _: None)
+    left = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*"))
+    assert len(left) == 2 and left[0] == "backend" and left[1].startswith("backend/") and left[1].endswith(".log")

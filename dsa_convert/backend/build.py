@@ -203,34 +203,7 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
         f"{'CUDA' if cfg.cuda else 'CPU'}) — log: {log_path}")
     try:
         with open(log_path, "w") as log:
-            with tarfile.open(sdist) as tf:
-                tf.extractall(work, filter="data")
-            src = next(p for p in work.iterdir() if p.is_dir())
-            apply_patches(src, log)
-            env = dict(os.environ)
-            env["CMAKE_ARGS"] = " ".join(shlex.quote(a) for a in cfg.cmake_args())
-            env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(cfg.jobs)
-            bdir = work / "build"
-            staging = work / "stage"
-            (staging / "wheel").mkdir(parents=True)
-            iso = [] if cfg.build_isolation else ["--no-build-isolation"]
-            _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *iso, "-w", str(staging / "wheel"),
-                  "-C", f"build-dir={bdir}", str(src)], log, env=env)
-            _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *cfg.tools()], log, env=env)
-            bin_dir = staging / "bin"
-            bin_dir.mkdir()
-            for t in cfg.tools():
-                hits = list(bdir.rglob(t))
-                exe = next((h for h in hits if h.is_file() and os.access(h, os.X_OK)), None)
-                if exe is None:
-                    raise BuildError(f"tool {t} was not built")
-                shutil.copy2(exe, bin_dir / t)
-            copy_shared_libs(bdir, bin_dir)
-            _load_check(cfg, next((staging / "wheel").glob("*.whl")), work, log, say)
-            meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
-                    "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
-                    "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(cfg.tools())}
-            (staging / "build.json").write_text(json.dumps(meta, indent=2))
+            staging = _build_stage(cfg, sdist, key, work, log, say)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)     # a failed build leaves its log, not its build tree
         raise
@@ -240,6 +213,40 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
     os.replace(staging, out)  # atomic publish: a killed build never leaves a half cache entry
     shutil.rmtree(work, ignore_errors=True)
     say(f"backend built: {out}")
+
+
+def _build_stage(cfg: BuildConfig, sdist: Path, key: str, work: Path, log, say) -> Path:
+    """Untar the sdist into *work*, patch it, build the wheel and the tools and check that the wheel loads; returns
+    the staging folder that becomes the cache entry."""
+    with tarfile.open(sdist) as tf:
+        tf.extractall(work, filter="data")
+    src = next(p for p in work.iterdir() if p.is_dir())
+    apply_patches(src, log)
+    env = dict(os.environ)
+    env["CMAKE_ARGS"] = " ".join(shlex.quote(a) for a in cfg.cmake_args())
+    env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(cfg.jobs)
+    bdir = work / "build"
+    staging = work / "stage"
+    (staging / "wheel").mkdir(parents=True)
+    iso = [] if cfg.build_isolation else ["--no-build-isolation"]
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *iso, "-w", str(staging / "wheel"),
+          "-C", f"build-dir={bdir}", str(src)], log, env=env)
+    _run(["cmake", "--build", str(bdir), "-j", str(cfg.jobs), "--target", *cfg.tools()], log, env=env)
+    bin_dir = staging / "bin"
+    bin_dir.mkdir()
+    for t in cfg.tools():
+        hits = list(bdir.rglob(t))
+        exe = next((h for h in hits if h.is_file() and os.access(h, os.X_OK)), None)
+        if exe is None:
+            raise BuildError(f"tool {t} was not built")
+        shutil.copy2(exe, bin_dir / t)
+    copy_shared_libs(bdir, bin_dir)
+    _load_check(cfg, next((staging / "wheel").glob("*.whl")), work, log, say)
+    meta = {"key": key, "version": LLAMA_CPP_PYTHON_VERSION, "llama_cpp_commit": VENDORED_LLAMA_CPP_COMMIT,
+            "patch_hash": patch_hash(), "patches": [p.name for p in patch_files()],
+            "cuda": cfg.cuda, "cmake_args": cfg.cmake_args(), "tools": list(cfg.tools())}
+    (staging / "build.json").write_text(json.dumps(meta, indent=2))
+    return staging
 
 
 def _load_check(cfg: BuildConfig, wheel: Path, work: Path, log, say) -> None:
