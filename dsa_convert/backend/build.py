@@ -204,14 +204,12 @@ def _build_into(cfg: BuildConfig, sdist: Path, key: str, out: Path, say) -> None
     try:
         with open(log_path, "w") as log:
             staging = _build_stage(cfg, sdist, key, work, log, say)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)     # a failed build leaves its log, not its build tree
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, out)  # atomic publish: a killed build never leaves a half cache entry
-    shutil.rmtree(work, ignore_errors=True)
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, out)  # atomic publish: a killed build never leaves a half cache entry
+    finally:
+        shutil.rmtree(work, ignore_errors=True)     # built or failed, the build tree goes; the log stays
     say(f"backend built: {out}")
 
 
