@@ -20,7 +20,8 @@ script's stock-file logits once with each library (see docs/PATCH.md).
 
 On a GPU build, `--n-gpu-layers 99` runs every llama.cpp evaluation on the GPU; the PyTorch
 reference then runs on the CPU in a separate process (llama.cpp's CUDA backend and torch in one
-process crash on some images, and llama_cpp must be imported before numpy there).
+process crash on some images, and a build from before the load check of backend/load_check.py may need llama_cpp
+imported before numpy).
 """
 from __future__ import annotations
 

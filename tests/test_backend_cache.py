@@ -113,3 +113,14 @@ def test_a_failed_build_keeps_its_log_and_removes_its_build_tree(tmp_path, monke
         build(BuildConfig(sdist=sdist), install=False, say=lambda _: None)
     left = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*"))
     assert len(left) == 2 and left[0] == "backend" and left[1].startswith("backend/") and left[1].endswith(".log")
+
+
+def test_a_failed_check_names_the_compilers_that_linked_the_libraries(monkeypatch):
+    from dsa_convert.backend.build import BuildConfig, _compilers
+
+    monkeypatch.setenv("CXX", "/usr/bin/g++")
+    monkeypatch.setenv("CUDAHOSTCXX", "/opt/gcc/bin/g++")
+    assert _compilers(BuildConfig()) == "CXX=/usr/bin/g++"
+    assert _compilers(BuildConfig(cuda=True)) == "CXX=/usr/bin/g++, CUDAHOSTCXX=/opt/gcc/bin/g++"
+    monkeypatch.delenv("CUDAHOSTCXX")
+    assert _compilers(BuildConfig(cuda=True)) == "CXX=/usr/bin/g++, CUDAHOSTCXX=default"

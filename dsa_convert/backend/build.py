@@ -264,7 +264,13 @@ def _load_check(cfg: BuildConfig, wheel: Path, work: Path, log, say) -> None:
     try:
         run_load_check(site, model, 99 if cfg.cuda else 0, log)
     except LoadCheckFailed as e:
-        raise BuildError(f"{e}; the compiler was {os.environ.get('CXX', 'the default c++')} — see {log.name}") from None
+        raise BuildError(f"{e}; the compilers were {_compilers(cfg)} — see {log.name}") from None
+
+
+def _compilers(cfg: BuildConfig) -> str:
+    """The C++ compilers a build used, for its error line (CUDAHOSTCXX links the CUDA library)."""
+    names = ("CXX", "CUDAHOSTCXX") if cfg.cuda else ("CXX",)
+    return ", ".join(f"{n}={os.environ.get(n, 'default')}" for n in names)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,15 @@
 """The backend build's load check: the wheel just built loads a one-layer model and decodes, in a child process.
 
-A build can compile and link and still crash on first use. A compiler that links libstdc++ statically into each of
-llama.cpp's shared libraries is one way: libllama then binds its std::ostream calls to libggml's private copy and
-segfaults in llama_model_load (seen on a GPU image whose CXX was such a GCC; the system g++ built a working
-library). `dsa backend build` runs this check on the unpacked wheel before it publishes or installs anything, so a
-toolchain like that fails the build with one line instead of every later command with SIGSEGV.
+A build can compile and link and still crash on first use. A compiler that links libstdc++ statically into a shared
+library is one way: the library then exports its private copy of libstdc++'s internals (std::locale, operator new,
+__cxa_guard_*), and llama.cpp's C++ calls bind to that copy and segfault in llama_model_load. When the toolchain does
+this to libllama (CXX), every process crashes. When it does it only to libggml-cuda (nvcc links with CUDAHOSTCXX), only
+a process that loaded libstdc++ before llama_cpp crashes (numpy, torch and gguf load it), since the system libstdc++
+then sits outside the global symbol scope that llama_cpp's libraries are opened into. Seen on a GPU image whose CXX and
+CUDAHOSTCXX were such a GCC; the system g++ for both built a library that works in any import order. The child
+therefore loads libstdc++ privately (RTLD_LOCAL, as a numpy extension does) before it imports llama_cpp, and
+`dsa backend build` runs it on the unpacked wheel before it publishes or installs anything, so a toolchain like that
+fails the build with one line instead of later commands with SIGSEGV.
 
     write_check_model(path)                       # F32 random weights, byte vocabulary, 1 layer
     run_load_check(site_dir, path, gpu_layers, log)   # raises LoadCheckFailed
@@ -29,9 +34,11 @@ SPEC = ModelSpec(hf_arch="LlamaForCausalLM", arch=gguf.MODEL_ARCH.LLAMA, n_layer
                  tie_embeddings=True, attn_bias=False, qk_norm=False, name="dsa-load-check")
 TOKENS = (1, 259, 260, 261, 262)   # BOS, then filler pieces
 
-# Runs in the child: import llama_cpp first (before numpy), load on the given layers, decode, check the logits.
+# Runs in the child: libstdc++ loaded privately first (what importing numpy or torch does), then llama_cpp; load on
+# the given layers, decode, check the logits.
 _CHILD = """
-import sys
+import ctypes, ctypes.util, sys
+ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
 import llama_cpp
 m = llama_cpp.Llama(sys.argv[1], n_ctx=int(sys.argv[4]), n_batch=64, n_gpu_layers=int(sys.argv[2]), verbose=False)
 m.eval([int(t) for t in sys.argv[3].split(",")])

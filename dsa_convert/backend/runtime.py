@@ -35,9 +35,11 @@ def import_llama_cpp():
 def preload_llama_cpp() -> None:
     """Load llama.cpp's libraries before numpy or torch are imported, when the backend is installed.
 
-    On the H200 image (CUDA build of the backend, Python 3.12, numpy with scipy-openblas) a process
-    that imported numpy (or torch, or gguf) before llama_cpp segfaults inside llama_model_load; the
-    reverse order works. Entry points that will run llama.cpp call this first."""
+    A CUDA build whose libggml-cuda carries its own copy of libstdc++ (nvcc linked it with a host compiler that
+    links libstdc++ statically) segfaults inside llama_model_load in a process that loaded libstdc++ before
+    llama_cpp, as importing numpy, torch or gguf does; the reverse order works. `dsa backend build` refuses such a
+    build (load_check.py); loading llama_cpp first keeps one built before that check working. Entry points that will
+    run llama.cpp call this first."""
     try:
         import_llama_cpp()
     except BackendMissing:

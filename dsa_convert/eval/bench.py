@@ -174,8 +174,8 @@ def _ignore_sigint() -> None:
 def _run_variant(path: Path, ctx_len: int, o: BenchOptions, fi: FileInfo, variant: str) -> dict:
     """One variant's sparse run in a new Python process (eval/variant_proc.py), the switch in its environment from
     the start; the child is stopped if this one is interrupted (Ctrl-C, SIGTERM). Not multiprocessing's spawn: its
-    child imports the parent's modules (numpy) before llama.cpp, which segfaults on the H200 image
-    (backend.runtime.preload_llama_cpp)."""
+    child imports the parent's modules (numpy) before llama.cpp, which segfaults with a CUDA library
+    that carries its own libstdc++ (backend.runtime.preload_llama_cpp)."""
     from ..backend.runtime import child_python_env
 
     env = child_python_env(parse_variant(variant))

@@ -88,9 +88,9 @@ def write_heatmap(result: dict, out: Path) -> Path:
 
 
 def write_heatmap_isolated(result: dict, out: Path) -> Path:
-    """write_heatmap in a fresh interpreter. On the CUDA build, a process that holds llama.cpp's CUDA backend and then
-    imports matplotlib segfaults (H200 image, as numpy before llama_cpp does: backend.runtime.preload_llama_cpp), so
-    the llama.cpp grid draws its heatmap in a child that never loads llama.cpp."""
+    """write_heatmap in a fresh interpreter. On the H200 image a process that held llama.cpp's CUDA backend and then
+    imported matplotlib segfaulted, likely the import-order crash of backend/load_check.py (a libggml-cuda that carries
+    its own libstdc++; not rechecked), so the llama.cpp grid draws its heatmap in a child that never loads llama.cpp."""
     check_plot_path(out)
     from ..backend.runtime import child_python_env
 
