@@ -4,8 +4,8 @@ pickled job (path, ctx, options, file info, variant) on stdin and the variant's 
 llama.cpp's libraries are loaded before anything imports numpy (backend.runtime.preload_llama_cpp: with a CUDA library
 that carries its own libstdc++ the other order segfaults inside llama_model_load), so this module imports nothing of
 the project at module level, and the job is unpickled (which imports eval.bench and numpy) only after the preload.
-Writes ("row", dict) or ("error", one line), pickled, to RESULT. The parent (eval.bench._run_variant) starts it with SIGINT ignored, so a
-terminal's Ctrl-C to the process group leaves it to the parent, which stops it.
+Writes ("row", dict) or ("error", one line), pickled, to RESULT. The parent (eval.bench._run_variant) starts it with
+SIGINT ignored, so a terminal's Ctrl-C to the process group leaves it to the parent, which stops it.
 """
 from __future__ import annotations
 
