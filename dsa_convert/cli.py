@@ -192,7 +192,7 @@ def eval_cmd(
     if backend == "llama.cpp":
         from .backend.runtime import preload_llama_cpp
         preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
-    from .backend.llama_runner import check_threads
+    from .resources import check_threads
     if backend == "torch":
         llama_only = {"--flash-attn / --no-flash-attn": flash_attn, "--n-gpu-layers": n_gpu_layers,
                       "--threads": threads}

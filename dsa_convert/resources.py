@@ -1,8 +1,16 @@
-"""Peak resources of this process, for the `--json` reports of convert and quantize."""
+"""Resources of this process: the `--threads` check, and peak memory for the `--json` reports of convert and quantize."""
 from __future__ import annotations
 
 import resource
 import sys
+
+from .errors import BadInputError
+
+
+def check_threads(threads: int | None) -> None:
+    """One-line refusal of a `--threads` below 1 (None: the default, backend.llama_runner.default_threads)."""
+    if threads is not None and threads < 1:
+        raise BadInputError(f"--threads must be >= 1 (got {threads})")
 
 
 def peak_rss_mib() -> float:

@@ -45,12 +45,6 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def check_threads(threads: int | None) -> None:
-    """One-line refusal of a `--threads` below 1 (None: the default, default_threads)."""
-    if threads is not None and threads < 1:
-        raise BadInputError(f"--threads must be >= 1 (got {threads})")
-
-
 @dataclass
 class RunnerOptions:
     n_ctx: int = 512

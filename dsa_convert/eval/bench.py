@@ -57,11 +57,10 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
-from ..backend.llama_runner import (KV_TYPES, RunnerOptions, check_kv_flash_attn, check_threads, default_threads,
-                                    open_model)
+from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, default_threads, open_model
 from ..errors import BadInputError, DsaError
 from ..formats.gguf_read import GgufFile
-from ..resources import peak_rss_mib
+from ..resources import check_threads, peak_rss_mib
 from ..progress import task
 from . import host_cpu
 from .bench_summary import ATTN_MODES, add_indexer_share, add_ratios, fa_label

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..backend.llama_log import capture_log, parse_kv_log
-from ..backend.llama_runner import RunnerOptions, check_threads, close_model, open_model
+from ..backend.llama_runner import RunnerOptions, close_model, open_model
 from ..backend.runtime import import_llama_cpp
 from ..errors import BadInputError
+from ..resources import check_threads
 from .session import SessionPlan
 
 TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05       # llama.cpp's sampler defaults (common/common.h)

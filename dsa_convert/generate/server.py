@@ -16,9 +16,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
-from ..backend.llama_runner import check_threads
 from ..backend.runtime import tool_path
 from ..errors import BadInputError, DsaError
+from ..resources import check_threads
 from .session import SessionPlan
 
 STOP_GRACE = 30.0                  # seconds a stopped server gets to exit before it is killed

@@ -24,9 +24,8 @@ import gguf
 import numpy as np
 import torch
 
-from ..backend.llama_runner import check_threads
 from ..errors import BadInputError, DsaError
-from ..resources import peak_resources
+from ..resources import check_threads, peak_resources
 from ..formats.atomic import atomic_output, check_output
 from ..formats.gguf_read import GgufFile
 from ..formats.tensor_plan import byte_shape, encode
