@@ -68,6 +68,7 @@ SHARED=$(realpath "$1"); SDIST=$(realpath "$2"); mkdir -p "$3"; WORK=$(realpath 
 STEPS=${*:-build retrofit runtime quant}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
+. scripts/gpu/system_compilers.sh     # CC, CXX, CUDAHOSTCXX for the backend build
 export PYTHONUNBUFFERED=1 PYTHONPATH=$REPO:${PYTHONPATH:-} DSA_SHARED=$SHARED \
        DSA_WIKITEXT2=${DSA_WIKITEXT2:-$SHARED/data/wikitext-2-raw/wiki.test.raw}
 MODEL=$SHARED/models/ref-llama-27m

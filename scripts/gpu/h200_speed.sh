@@ -42,6 +42,7 @@ mkdir -p "$1" "$2"; WORK=$(realpath "$1"); OUT=$(realpath "$2"); shift 2
 STEPS=${*:-topk synth1b bench1b anchor1b synth8b bench8b anchor8b}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
+. scripts/gpu/system_compilers.sh     # CC, CXX, CUDAHOSTCXX for the backend build
 export PYTHONUNBUFFERED=1 PYTHONPATH=$REPO:${PYTHONPATH:-}
 CACHE=${DSA_CACHE:-$HOME/.cache/dsa}
 CUR=$CACHE/backend/current

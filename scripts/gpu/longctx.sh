@@ -32,6 +32,7 @@ set -uo pipefail
 B=$(cd "${1:?usage: longctx.sh BUNDLE}" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
+. scripts/gpu/system_compilers.sh     # CC, CXX, CUDAHOSTCXX for the backend build
 WORK=${WORK:-/tmp/lc}; OUT=${OUT:-$WORK/out}; LIMIT=${LIMIT:-570}
 NEEDLE_LENGTHS=${NEEDLE_LENGTHS:-4096,8192,16384,32768}; NEEDLE_DEPTHS=${NEEDLE_DEPTHS:-10}
 NEEDLE_MODES=${NEEDLE_MODES:-dense,sparse,local,sparse-asq}; NGL=${NGL:-999}; PPL_CHUNKS=${PPL_CHUNKS:-4}

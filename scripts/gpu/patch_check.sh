@@ -27,6 +27,7 @@ set -uo pipefail
 B=$(cd "${1:?usage: patch_check.sh BUNDLE}" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
+. scripts/gpu/system_compilers.sh     # CC, CXX, CUDAHOSTCXX for the backend build
 WORK=${WORK:-/tmp/pc}; OUT=${OUT:-$WORK/out}; LIMIT=${LIMIT:-570}
 OPS=${OPS:-DSA_SPARSE_ATTN DSA_ASQ_SET_ROWS DSA_ASQ_GET_ROWS DSA_INDEXER_MASK LIGHTNING_INDEXER TOP_K DSA_LID_ROPE_TOP_K DSA_KEY_NORM_ROPE_SET_ROWS}
 PPL_CTX=${PPL_CTX:-32768}; PPL_CHUNKS=${PPL_CHUNKS:-2}; PPL_FILE=${PPL_FILE:-lc}
