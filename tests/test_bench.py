@@ -401,8 +401,8 @@ def test_bench_stop_during_a_variant_stops_its_process(tiny, sig, code, msg):
 
 def test_variant_process_module_imports_no_numpy():
     """A variant's process loads llama.cpp before anything imports numpy (with a CUDA library that carries its own
-    libstdc++ the other order segfaults inside llama_model_load, backend/load_check.py): its module imports nothing heavy, and the job (which imports eval.bench
-    and numpy when unpickled) is read after the preload."""
+    libstdc++ the other order segfaults inside llama_model_load, backend/load_check.py): its module imports nothing
+    heavy, and the job (which imports eval.bench and numpy when unpickled) is read after the preload."""
     code = ("import sys, dsa_convert.eval.variant_proc as v, inspect; "
             "src = inspect.getsource(v.main); "
             "print('numpy' in sys.modules, src.index('preload_llama_cpp()') < src.index('pickle.load'))")
