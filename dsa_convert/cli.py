@@ -174,6 +174,8 @@ def eval_cmd(
     device: str = typer.Option("auto", help="torch backend device: auto | cpu | cuda"),
     seed: int = typer.Option(0, help="seed for --attn random; with --needle, the seed of the prompts"),
     kld: bool = typer.Option(False, "--kld", help="also the KL divergence from the same file run dense (perplexity)"),
+    kld_base: Optional[Path] = typer.Option(None, "--kld-base", help="the KL divergence from another GGUF's logits "
+                                            "instead (e.g. the F16 file a quantized one was made from; llama.cpp)"),
     lengths: Optional[str] = typer.Option(None, help="--needle: prompt lengths in tokens, answer included "
                                           "(default 4096,8192,16384,32768)"),
     depths: Optional[int] = typer.Option(None, help="--needle: needle depths, evenly spaced 0..100 % (default 10)"),
@@ -203,8 +205,8 @@ def eval_cmd(
     needle_only = {"--lengths": lengths, "--depths": depths, "--trials": trials, "--filler": filler,
                    "--max-new": max_new, "--plot": plot, "--force": force or None}
     if needle is not None:
-        if kld:
-            raise BadInputError("--kld is an option of the perplexity mode, not of --needle")
+        if kld or kld_base is not None:
+            raise BadInputError("--kld / --kld-base are options of the perplexity mode, not of --needle")
         return _eval_needle(file, needle, backend=backend, attn=attn, kv=kv, index_keys=_lower(index_keys),
                             top_k=top_k, n_gpu_layers=n_gpu_layers, threads=threads, flash_attn=flash_attn,
                             tokenizer=tokenizer, device=device, seed=seed, as_json=as_json, lengths=lengths,
@@ -230,9 +232,13 @@ def eval_cmd(
         res = run(file, evdata.read_eval_text(text_path),
                   LlamaPplOptions(ctx=ctx, chunks=chunks, attn=attn, top_k=top_k, kv=kv, index_keys=_lower(index_keys),
                                   n_gpu_layers=ngl, threads=threads, flash_attn=flash_attn, quiet=as_json,
-                                  **({"kld": True} if kld else {})))
+                                  **({"kld": True} if kld else {}),
+                                  **({"kld_base": kld_base} if kld_base is not None else {})))
     elif backend == "torch":
         from .eval.torch_backend import run_torch_eval
+
+        if kld_base is not None:
+            raise BadInputError("--kld-base is an option of --backend llama.cpp")
 
         if index_keys is not None and index_keys.lower() != "f32":
             raise BadInputError("--index-keys is a llama.cpp cache switch; the torch backend (kernels_ref) keeps F32 keys")
@@ -256,7 +262,8 @@ def eval_cmd(
                   + (f" + {res['kv_indexer_bytes'] / res['kv_cells']:.1f} B/token indexer keys" if res["kv_indexer_bytes"] else ""))
         if "kld_mean" in res:
             print(f"KLD vs {res.get('kld_base', 'dense')}: mean {res['kld_mean']:.6f} +/- {res['kld_stderr']:.6f}, "
-                  f"p99 {res['kld_p99']:.6f}; same top token {100 * res['same_top_p']:.2f} +/- "
+                  f"median {res['kld_median']:.6f}, p99 {res['kld_p99']:.6f}; "
+                  f"same top token {100 * res['same_top_p']:.2f} +/- "
                   f"{100 * res['same_top_p_stderr']:.2f} %")
 
 
@@ -306,8 +313,10 @@ def inspect(
 def quantize(
     inp: Path = typer.Argument(..., help="input GGUF (F16/F32/BF16 linear weights)"),
     out: Path = typer.Argument(..., help="output .gguf"),
-    method: str = typer.Option("auto", help="auto | awq | rtn (round-to-nearest). auto: awq for q4_0/q4_1; "
-                                            "for q4_k_m rtn + --imatrix auto (measured better, RESULTS §4)"),
+    method: str = typer.Option("auto", help="auto | awq | rtn (round-to-nearest) | gptq | search. auto: awq for "
+                                            "q4_0/q4_1; for q4_k_m rtn + --imatrix auto (measured better, RESULTS "
+                                            "§4). gptq / search (q4_k_m): the project's own K-quant writer, GPTQ or "
+                                            "round-to-nearest on its importance-weighted scale search"),
     qtype: str = typer.Option("q4_0", "--type", help="q4_0 | q4_1 | q4_k_m (K-quants via llama.cpp's quantizer)"),
     group_size: Optional[int] = typer.Option(None, help="clipping groups (multiple of 32); default 32 for q4_0/q4_1 "
                                                         "(one ggml block, measured best), 128 for q4_k_m"),

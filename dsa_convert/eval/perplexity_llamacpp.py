@@ -35,6 +35,7 @@ class LlamaPplOptions:
     batch: int | None = None           # tokens per llama_decode (and ubatch); None: min(ctx, BATCH_DEFAULT_MAX)
     quiet: bool = False
     kld: bool = False                  # also report the KL divergence from the same file run dense with an F16 cache
+    kld_base: Path | None = None       # ... or from another GGUF (e.g. the F16 file a quantized one was made from)
 
 
 ATTN_MODES = ("dense", "sparse", "local")
@@ -135,9 +136,12 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
     g = GgufFile(path)
     try:
         ov, mode = dsa_overrides(g, o.attn, o.top_k, o.kv, o.index_keys)
-        base_ov = dsa_overrides(g, "dense", None)[0] if o.kld else None
+        base_ov = dsa_overrides(g, "dense", None)[0] if o.kld and o.kld_base is None else None
     finally:
         g.close()
+    base_path = path
+    if o.kld_base is not None:
+        base_path, base_ov = Path(o.kld_base), _base_overrides(Path(o.kld_base), path)
     lc = import_llama_cpp()
     threads = o.threads or default_threads()
     ropts = dict(n_ctx=o.ctx, n_batch=o.batch or min(o.ctx, BATCH_DEFAULT_MAX), n_gpu_layers=o.n_gpu_layers,
@@ -146,8 +150,11 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
         llm = open_model(path, RunnerOptions(**ropts, kv_type=o.kv, kv_overrides=ov))
     base = None
     try:
-        if o.kld:
-            base = open_model(path, RunnerOptions(**ropts, kv_type="f16", kv_overrides=base_ov))
+        if o.kld or o.kld_base is not None:
+            base = open_model(base_path, RunnerOptions(**ropts, kv_type="f16", kv_overrides=base_ov))
+            if base.n_vocab() != llm.n_vocab():
+                raise BadInputError(f"--kld-base {base_path.name}: vocabulary of {base.n_vocab()} tokens, "
+                                    f"{path.name} has {llm.n_vocab()}")
         res = _score(llm, base, text, o)
     finally:
         close_model(llm)
@@ -184,5 +191,18 @@ def _score(llm, base, text: str, o: LlamaPplOptions) -> dict:
     out = {"ppl": ppl, "ppl_stderr": err, "tokens": acc.count, "chunks": plan.n_chunk,
            "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk}
     if base is not None:
-        out.update(kld.result(), kld_base=KLD_BASE)
+        out.update(kld.result(), kld_base=KLD_BASE if o.kld_base is None else str(o.kld_base))
     return out
+
+
+def _base_overrides(base: Path, path: Path) -> dict:
+    """kv_overrides of a --kld-base file: dense, as the reference run of `--kld` is."""
+    if not base.is_file():
+        raise BadInputError(f"--kld-base: file not found: {base}")
+    if base.resolve() == Path(path).resolve():
+        raise BadInputError("--kld-base is the evaluated file itself; use --kld for its own dense run")
+    gb = GgufFile(base)
+    try:
+        return dsa_overrides(gb, "dense", None)[0]
+    finally:
+        gb.close()

@@ -35,9 +35,10 @@ from .auto_clip import auto_clip_block
 from .auto_scale import GROUPS, auto_scale_block, o_scale_index
 from .block import LINEAR_INPUT, LINEARS, Block
 from .calib import load_samples
+from .kq_writer import OWN_METHODS
 from .qformat import FORMATS, QT, TargetFormat, fake_quant_fn
 
-METHODS = ("awq", "rtn", "auto")
+METHODS = ("awq", "rtn", "auto", *OWN_METHODS)
 # --method auto: what measured best per type on the reference model (docs/RESULTS.md §4, 200 chunks):
 # AWQ for Q4_0/Q4_1 (x-only scales: ΔPPL +1.10, mean of 4 seeds, vs RTN +4.38); for K-quants RTN with an
 # imatrix from the calibration text (ΔPPL +1.59, = llama.cpp Q4_K_M + imatrix +1.61), because AWQ-scaled K-quants lost more (+3.92 / +4.63).
@@ -76,6 +77,7 @@ class QuantOptions:
     duo_scaling: bool = False
     seed: int = 0
     threads: int | None = None        # llama-quantize threads
+    damp: float = 0.01                # --method gptq: Hessian damping, a fraction of its mean diagonal
 
 
 def _device(name: str) -> torch.device:
@@ -111,6 +113,15 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
     if opts.samples is None:
         opts.samples = 32 if opts.method == "awq" else 128
     fmt = FORMATS[opts.qtype]
+    if opts.method in OWN_METHODS:
+        if not fmt.via_llama_cpp:
+            raise BadInputError(f"--method {opts.method} writes K-quants (--type q4_k_m); for {opts.qtype} use awq or rtn")
+        if opts.imatrix not in (None, "auto"):
+            raise BadInputError(f"--method {opts.method} computes its importance from --calib; --imatrix does not apply")
+        if opts.calib is None:
+            raise BadInputError(f"--calib FILE is required for --method {opts.method}")
+        if not (0 < opts.damp < 1):
+            raise BadInputError(f"--damp must be in (0, 1) (got {opts.damp})")
     if opts.group_size <= 0 or opts.group_size % 32:
         raise BadInputError(f"--group-size must be a positive multiple of 32 (got {opts.group_size})")
     check_threads(opts.threads)
@@ -161,6 +172,9 @@ class Calibrator:
         self.qgroup = 32 if not fmt.via_llama_cpp else opts.group_size
         self.want_imatrix = want_imatrix
         self.awq = opts.method == "awq"
+        self.own = opts.method in OWN_METHODS
+        self.hess: dict[str, torch.Tensor] = {}        # the current block's Σ xxᵀ per linear (own K-quant writer)
+        self._head_h: torch.Tensor | None = None
         self.next, self.cur_il, self.cur = 0, -1, {}
         self.report: list[dict] = []
         self.imatrix: dict[str, np.ndarray] = {}       # weight name -> Σ x² over tokens (scaled inputs)
@@ -207,6 +221,11 @@ class Calibrator:
                                                          self.opts.clip_tokens, self.gen,
                                                          *clip_settings(self.opts, self.fmt))
                 rep["awq_mse"] = self._block_mse(blk, caps)
+            if self.own:
+                from .kq_writer import hessians
+                hs = hessians(caps)
+                self.hess = {f"blk.{il}.{n}.weight": hs[grp.inp] for grp in GROUPS for n in grp.linears}
+                self.tok_per_block = caps["attn_in"].shape[0] * caps["attn_in"].shape[1]
             if self.want_imatrix or self.weighted:
                 self.tok_per_block = caps["attn_in"].shape[0] * caps["attn_in"].shape[1]
                 for grp in GROUPS:
@@ -235,6 +254,20 @@ class Calibrator:
             if "awq_mse" in rep:
                 info = f"block {il}: out-MSE rtn {rep['rtn_mse']:.3g} → awq {rep['awq_mse']:.3g}"
             self.bar.advance(1, info=info)
+
+    def head_hessian(self) -> torch.Tensor:
+        """Σ xxᵀ of the output head's input (output_norm of the last block's output), after every block."""
+        if self._head_h is None:
+            from ..kernels_ref.model import rms_norm
+            from .kq_writer import hessians
+            self.layer(self.m.hp.n_layer - 1)
+            self.hess = {}
+            x = rms_norm(self.h, self._t_norm(), self.m.hp.rms_eps)
+            self._head_h = hessians({"head": x})["head"]
+        return self._head_h
+
+    def _t_norm(self) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.g.tensor("output_norm.weight"), dtype=np.float32)).to(self.device)
 
     def _block_mse(self, blk: Block, caps: dict[str, torch.Tensor]) -> float:
         """MSE of the block's residual update with all 7 linears fake-quantized (first sequences)."""
@@ -287,6 +320,36 @@ def _plan(g: GgufFile, cal: Calibrator, lin_qtype: Callable[[str, tuple], QT],
         else:   # byte-for-byte copy
             out.append(_Out(name, info.shape, info.qtype, (lambda name=name: np.asarray(g.raw(name)))))
     return out
+
+
+def _own_plan(g: GgufFile, cal: Calibrator, opts: QuantOptions) -> list[_Out]:
+    """The own K-quant writer's plan (kq_writer): linears by block; the head (token_embd when tied) last, since its
+    input Hessian needs every block's output."""
+    from . import kq_writer
+
+    n_layer = g.layer_count()
+    tied = "output.weight" not in g.tensors
+
+    def lin_qtype(name, shape):
+        return kq_writer.q4_k_m_type(name, shape[-1], n_layer, tied)
+
+    def lin_encode(name, a, qt):
+        return kq_writer.encode(a, qt, opts.method, cal.hess.get(name), cal.tok_per_block, opts.damp)
+
+    plan, last = [], []
+    for t in _plan(g, cal, lin_qtype, lin_encode):
+        if t.name in ("token_embd.weight", "output.weight") and len(t.shape) == 2:
+            qt = lin_qtype(t.name, t.shape)
+            head = t.name == "output.weight" or tied
+
+            def load(name=t.name, qt=qt, head=head):
+                H = cal.head_hessian() if head else None
+                return kq_writer.encode(np.asarray(g.tensor(name), dtype=np.float32), qt, opts.method, H,
+                                        cal.n_tokens, opts.damp)
+            last.append(_Out(t.name, t.shape, qt, load))
+        else:
+            plan.append(t)
+    return plan + last
 
 
 def _copy_kv(w: gguf.GGUFWriter, g: GgufFile, skip: set[str]) -> None:
@@ -409,8 +472,9 @@ def quantize(opts: QuantOptions) -> dict:
     t0 = time.perf_counter()
     fmt, g = validate(opts)
     device = _device(opts.device)
-    want_imatrix = opts.imatrix == "auto"
-    need_calib = opts.method == "awq" or want_imatrix
+    own = opts.method in OWN_METHODS
+    want_imatrix = opts.imatrix == "auto" and not own
+    need_calib = opts.method == "awq" or want_imatrix or own
     tokens = load_samples(Path(opts.inp), g, Path(opts.calib), opts.samples, opts.seq_len) if need_calib else None
     m = RefModel.from_gguf(Path(opts.inp), device="cpu")
     n_layer = m.hp.n_layer
@@ -423,7 +487,7 @@ def quantize(opts: QuantOptions) -> dict:
         kv["dsa.quant.calib"] = (Path(opts.calib).name, gguf.GGUFValueType.STRING)
         kv["dsa.quant.samples"] = (opts.samples, gguf.GGUFValueType.UINT32)
         kv["dsa.quant.seq_len"] = (opts.seq_len, gguf.GGUFValueType.UINT32)
-    if fmt.via_llama_cpp or want_imatrix:
+    if (fmt.via_llama_cpp and not own) or want_imatrix:
         kv["dsa.quant.imatrix"] = ("none" if opts.imatrix in (None, "none") else
                                    "auto" if opts.imatrix == "auto" else Path(opts.imatrix).name,
                                    gguf.GGUFValueType.STRING)
@@ -431,7 +495,9 @@ def quantize(opts: QuantOptions) -> dict:
                     "group_size": opts.group_size, "device": str(device), "layers": n_layer}
     with task(f"quantize ({opts.method})", n_layer, quiet=opts.quiet) as bar, atomic_output(opts.out) as tmp:
         cal = Calibrator(m, g, tokens, opts, fmt, device, want_imatrix, bar if need_calib else None)
-        if fmt.via_llama_cpp:
+        if own:
+            _write(tmp, g, _own_plan(g, cal, opts), kv, gguf.LlamaFileType.MOSTLY_Q4_K_M)
+        elif fmt.via_llama_cpp:
             def lin_qtype(name, shape):
                 return QT.F32 if g.tensors[name].qtype == QT.F32 else QT.F16
             src = tmp.parent / (tmp.name + ".scaled.gguf")
@@ -473,6 +539,9 @@ def quantize(opts: QuantOptions) -> dict:
     types: dict[str, int] = {}
     for t in out_g.tensors.values():
         types[t.type_name] = types.get(t.type_name, 0) + 1
+    result["tensor_type_of"] = {n: t.type_name for n, t in out_g.tensors.items() if len(t.shape) >= 2}
+    if need_calib:
+        result["calib"] = {"file": str(opts.calib), "samples": opts.samples, "seq_len": opts.seq_len}
     result.update({
         "bytes": Path(opts.out).stat().st_size, "bits_per_weight": round(8.0 * n_b / max(1, n_el), 3),
         "tensor_types": types, "calib_tokens": cal.n_tokens, "calib_seconds": round(cal.seconds, 2),

@@ -1,0 +1,73 @@
+"""`dsa quantize --type q4_k_m --method gptq|search`: the project's own K-quant writer (no llama-quantize).
+
+Types per tensor are llama.cpp's Q4_K_M mixture (llama-quant.cpp, llama_tensor_get_type for llama-family archs):
+Q4_K; attn_v and ffn_down Q6_K in the use_more_bits layers; the output head (or the token embedding when it is tied
+to the head) Q6_K (Q8_0 when its rows are not a multiple of 256); a 256-block type on rows that are not a multiple
+of 256 falls back as llama-quantize does (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, else F16). So the file has exactly
+llama.cpp's size, and only the rounding differs:
+
+* search: kq_search's importance-weighted scale / min search, round to nearest (what llama-quantize --imatrix does);
+* gptq:   the same search per slab, columns rounded with GPTQ's error feedback through the input Hessian (gptq.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import gptq, kq_pack, kq_search
+from .kq_search import QT
+from .qformat import use_more_bits
+
+OWN_METHODS = ("gptq", "search")
+_FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
+HEAD = ("output.weight",)
+
+
+def fallback(qt: QT, n: int) -> QT:
+    """llama-quantize's tensor_type_fallback for a row of n weights."""
+    if n % kq_search.BLOCK.get(qt, 32) == 0:
+        return qt
+    fb = _FALLBACK.get(qt, qt)
+    return fb if n % 32 == 0 else QT.F16
+
+
+def q4_k_m_type(name: str, n: int, n_layer: int, tied: bool) -> QT:
+    """Q4_K_M's type of tensor `name` with rows of n weights (n_layer blocks; tied: token_embd is the head)."""
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return QT.Q6_K if n % 256 == 0 else QT.Q8_0
+    qt = QT.Q4_K
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down"):
+        if use_more_bits(int(parts[1]), n_layer):
+            qt = QT.Q6_K
+    return fallback(qt, n)
+
+
+def hessians(caps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Σ xxᵀ over the calibration tokens of each captured linear input, float64 on the CPU."""
+    out = {}
+    for k, x in caps.items():
+        x2 = x.reshape(-1, x.shape[-1])
+        H = torch.zeros(x2.shape[1], x2.shape[1], dtype=torch.float64)
+        for a in range(0, x2.shape[0], 8192):
+            xb = x2[a:a + 8192].double().cpu()
+            H += xb.T @ xb
+        out[k] = H
+    return out
+
+
+def encode(w: np.ndarray, qt: QT, method: str, H: torch.Tensor | None, n_tokens: int,
+           damp: float = 0.01) -> np.ndarray:
+    """float32 w [rows, n] → the bytes of type qt: importance-weighted search (imatrix = diag(H)/n_tokens), then
+    round to nearest (search) or GPTQ (gptq). Types without a grid here (F16, Q5_1) are written by gguf-py."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if qt not in kq_search.SUPPORTED:
+        from ..formats.tensor_plan import encode as ref_encode
+        return ref_encode(w, qt)
+    imp = None if H is None else (torch.diag(H) / max(1, n_tokens)).float().numpy()
+    if method == "gptq" and H is not None:
+        grid, q = gptq.quantize(w, qt, H, imp, damp=damp)
+    else:
+        grid = kq_search.fit(qt, w, imp)
+        q = grid.codes(w)
+    return kq_pack.pack(grid, q)
