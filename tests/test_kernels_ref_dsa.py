@@ -11,7 +11,7 @@ from dsa_convert.kernels_ref import asq, kvquant
 from dsa_convert.kernels_ref.indexer import IndexerWeights, indexer_scores, rope_neox
 from dsa_convert.kernels_ref.selection import (local_only, oracle, oracle_scores, random_select,
                                                select_blocks, select_tokens)
-from dsa_convert.kernels_ref.sparse_attention import sparse_attention
+from dsa_convert.kernels_ref.sparse_attention import DsaAttention, sparse_attention
 
 torch.set_num_threads(2)
 
@@ -166,6 +166,36 @@ def test_baselines_budget():
     o = oracle(q, k, K, S, L)
     assert torch.equal(o, select_tokens(oracle_scores(q, k), K, S, L))
     torch.testing.assert_close(oracle_scores(q, k).sum(1), torch.full((T,), 4.0))
+
+
+def test_oracle_max_reduce():
+    """reduce='max' ranks a key that one head attends to above keys that every head attends to a little: the sum
+    ranks them the other way round. The hook passes the reduction through (DsaAttention(oracle_reduce=...))."""
+    T, hd = 6, 4
+    q, k = torch.zeros(3, T, hd), torch.zeros(1, T, hd)
+    k[0, 1, 0] = 1.0                                      # head 0 attends to key 1 alone (large logit)
+    q[0, -1, 0] = 50.0
+    k[0, 2, 1] = 1.0                                      # heads 1 and 2 attend to key 2 (moderate logit)
+    q[1:, -1, 1] = 4.0
+    sum_s, max_s = oracle_scores(q, k, 1.0)[-1], oracle_scores(q, k, 1.0, "max")[-1]
+    assert sum_s[2] > sum_s[1] and max_s[1] > max_s[2]
+    torch.testing.assert_close(oracle_scores(q, k, 1.0, "max"), sel_probs_max(q, k))
+    o_sum, o_max = oracle(q, k, 2, 0, 1, 1.0)[-1], oracle(q, k, 2, 0, 1, 1.0, "max")[-1]
+    assert o_sum[2] and not o_sum[1] and o_max[1] and not o_max[2]
+    for reduce, want in (("sum", o_sum), ("max", o_max)):
+        hook = DsaAttention(scale=1.0, attn="oracle", top_k=2, sink=0, local=1, oracle_reduce=reduce)
+        assert torch.equal(hook._mask(0, q, k, torch.zeros(T, 2), torch.arange(T))[-1], want)
+    with pytest.raises(ValueError):
+        oracle_scores(q, k, reduce="mean")
+    with pytest.raises(ValueError):
+        DsaAttention(scale=1.0, attn="oracle", top_k=2, local=1, oracle_reduce="mean")
+
+
+def sel_probs_max(q, k):
+    """Per-head softmax over the causal keys, max over heads (the definition, without blocked.probs)."""
+    T = q.shape[1]
+    lg = (q @ k[0].T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(lg, -1).amax(0)
 
 
 # ----------------------------------------------------------------------------- attention

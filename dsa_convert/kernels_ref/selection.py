@@ -207,12 +207,21 @@ def random_select(T: int, top_k: int, sink: int, local: int, seed: int = 0, devi
     return select_tokens(random_scores(torch.arange(T, device=device), T, seed), top_k, sink, local)
 
 
-def oracle_scores(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
-    """Dense causal attention probabilities summed over all query heads: q [nh,B,hd] (the last B rows), k [nkv,S,hd]."""
+ORACLE_REDUCE = ("sum", "max")
+
+
+def oracle_scores(q: Tensor, k: Tensor, scale: float | None = None, reduce: str = "sum") -> Tensor:
+    """Dense causal attention probabilities of q [nh,B,hd] (the last B rows) over k [nkv,S,hd], reduced over all
+    query heads: ``sum`` (the indexer's distillation target, up to a factor) or ``max`` (a key any one head needs
+    ranks high). One selection per layer either way, as the runtime shares it by all heads (FORMAT §5)."""
+    if reduce not in ORACLE_REDUCE:
+        raise ValueError(f"oracle reduce must be one of {', '.join(ORACLE_REDUCE)} (got {reduce!r})")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return blocked.probs(q, k, blocked.causal_rows_mask(q.shape[1], k.shape[1], q.device), scale).sum(0)
+    p = blocked.probs(q, k, blocked.causal_rows_mask(q.shape[1], k.shape[1], q.device), scale)
+    return p.sum(0) if reduce == "sum" else p.amax(0)
 
 
-def oracle(q: Tensor, k: Tensor, top_k: int, sink: int, local: int, scale: float | None = None) -> Tensor:
-    """Same split as the indexer, middle picks ranked by the true head-summed dense attention."""
-    return select_tokens(oracle_scores(q, k, scale), top_k, sink, local)
+def oracle(q: Tensor, k: Tensor, top_k: int, sink: int, local: int, scale: float | None = None,
+           reduce: str = "sum") -> Tensor:
+    """Same split as the indexer, middle picks ranked by the true dense attention reduced over heads."""
+    return select_tokens(oracle_scores(q, k, scale, reduce), top_k, sink, local)

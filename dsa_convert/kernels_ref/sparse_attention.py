@@ -72,6 +72,7 @@ class DsaAttention:
     over the selection of the last full layer before it in the same forward pass (layers are called in order); that
     selection is kept as its middle picks ([T, K − S − L] int32), not as a mask.
     ``random`` ranks the middle by ``selection.random_scores`` (a hash of seed + layer, query and key position).
+    ``oracle_reduce``: how the oracle reduces the heads' dense probabilities to one ranking (selection.oracle_scores).
 
     Work is done per block of ``block_rows`` query rows (None: by a memory budget, blocked.py). With ``cache`` (or
     ``with_cache()``) every call appends its tokens' K / V (after the KV round trip), indexer keys and, for the
@@ -83,11 +84,14 @@ class DsaAttention:
                  local: int = 0, select: str = "token", block_size: int = 64, indexers: dict | None = None,
                  asq_protos: dict | None = None, residual_bits: int = 4, key_space: str = "pre_rope",
                  rope_keys=None, seed: int = 0, indexer_types: list[bool] | None = None,
-                 block_rows: int | None = None, cache: bool = False):
+                 block_rows: int | None = None, cache: bool = False, oracle_reduce: str = "sum"):
         if attn not in ("dense", "sparse", "local", "random", "oracle"):
             raise ValueError(f"unknown attention mode {attn!r}")
         if attn != "dense" and top_k <= 0:
             raise ValueError("sparse attention modes need top_k > 0")
+        if oracle_reduce not in sel.ORACLE_REDUCE:
+            raise ValueError(f"unknown oracle reduce {oracle_reduce!r}")
+        self.oracle_reduce = oracle_reduce
         if block_rows is not None and block_rows <= 0:
             raise ValueError(f"block_rows must be > 0 (got {block_rows})")
         self.scale, self.attn, self.kv = scale, attn, kv
@@ -175,7 +179,7 @@ class DsaAttention:
             if self.attn == "sparse":
                 scores = block_scores(qi[:, a:b], index_k[:S], wt[a:b])
             elif self.attn == "oracle":
-                scores = sel.oracle_scores(q[:, a:b], k_rank[:, :S], self.scale)
+                scores = sel.oracle_scores(q[:, a:b], k_rank[:, :S], self.scale, self.oracle_reduce)
             else:
                 rows = torch.arange(row0 + a, row0 + b, device=q.device)
                 scores = sel.random_scores(rows, S, self.seed + layer)
