@@ -329,6 +329,9 @@ def quantize(
                                           "AWQ-consistent), a llama-imatrix GGUF file (rescaled by the AWQ "
                                           "scales), or 'none'"),
     no_clip: bool = typer.Option(False, "--no-clip", help="AWQ scaling only, no clipping search"),
+    damp: float = typer.Option(0.01, help="--method gptq: Hessian damping, a fraction of its mean diagonal"),
+    no_sequential: bool = typer.Option(False, "--no-sequential", help="gptq / search: calibrate every block on "
+                                       "the float model's activations (default: on the quantized model's)"),
     threads: Optional[int] = typer.Option(None, help="llama-quantize threads"),
     seed: int = typer.Option(0, help="random seed (token subsets of the searches)"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT"),
@@ -341,7 +344,8 @@ def quantize(
         group_size = 32 if qtype.lower() in ("q4_0", "q4_1") else 128
     res = run(QuantOptions(inp, out, method=method, qtype=qtype.lower(), group_size=group_size, calib=calib,
                            samples=samples, seq_len=seq_len, device=device, imatrix=imatrix, force=force,
-                           quiet=as_json, clip=not no_clip, threads=threads, seed=seed))
+                           quiet=as_json, clip=not no_clip, threads=threads, seed=seed, damp=damp,
+                           sequential=not no_sequential))
     if as_json:
         emit_json(res)
     else:

@@ -11,6 +11,7 @@ llama.cpp's size, and only the rounding differs:
 """
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import torch
 
@@ -71,3 +72,46 @@ def encode(w: np.ndarray, qt: QT, method: str, H: torch.Tensor | None, n_tokens:
         grid = kq_search.fit(qt, w, imp)
         q = grid.codes(w)
     return kq_pack.pack(grid, q)
+
+
+def dequantize(b: np.ndarray, qt: QT, shape: tuple[int, int]) -> np.ndarray:
+    if qt in (QT.F16, QT.F32):
+        return np.asarray(b, dtype=np.float32).reshape(shape)
+    return gguf.quants.dequantize(b, qt).reshape(shape)
+
+
+def encode_block(blk, il: int, h: torch.Tensor, lin_type, method: str, damp: float,
+                 sequential: bool = True) -> tuple[dict[str, np.ndarray], torch.Tensor]:
+    """Every linear of block il encoded ({weight name: bytes}) from the block input h [N, L, d]; returns them and
+    the block's output. sequential (GPTQ's "true sequential"): each linear's Hessian is taken on inputs that the
+    block's already quantized linears produced (q/k/v → o → gate/up → down) and the output is the quantized
+    block's, so the next block calibrates on the quantized model; one forward pass. Otherwise all Hessians come
+    from the float block and the output is the float block's."""
+    from ..kernels_ref.model import rms_norm
+
+    hp = blk.hp
+    out: dict[str, np.ndarray] = {}
+    n_tok = h.shape[0] * h.shape[1]
+
+    def enc(names, x):
+        H = hessians({"x": x})["x"]
+        for n in names:
+            name = f"blk.{il}.{n}.weight"
+            w = blk.w[n].cpu().numpy()
+            qt = lin_type(name, w.shape)
+            out[name] = encode(w, qt, method, H, n_tok, damp)
+            if sequential:
+                blk.w[n] = torch.from_numpy(dequantize(out[name], qt, w.shape)).to(blk.w[n].device)
+    x = rms_norm(h, blk.w["attn_norm"], hp.rms_eps)
+    enc(("attn_q", "attn_k", "attn_v"), x)
+    o = blk.attn_core(x)          # with the quantized q/k/v when sequential (blk.w then holds them)
+    del x
+    enc(("attn_output",), o)
+    h = h + blk.lin(o, "attn_output")
+    del o
+    y = rms_norm(h, blk.w["ffn_norm"], hp.rms_eps)
+    enc(("ffn_gate", "ffn_up"), y)
+    m = blk.mlp_inner(y)
+    del y
+    enc(("ffn_down",), m)
+    return out, h + blk.lin(m, "ffn_down")

@@ -78,6 +78,8 @@ class QuantOptions:
     seed: int = 0
     threads: int | None = None        # llama-quantize threads
     damp: float = 0.01                # --method gptq: Hessian damping, a fraction of its mean diagonal
+    # own K-quant writer: the next block calibrates on the quantized block's output (GPTQ's sequential mode)
+    sequential: bool = True
 
 
 def _device(name: str) -> torch.device:
@@ -142,7 +144,7 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
             raise BadInputError(f"{g.path.name}: already quantized ({name} is {info.type_name}); "
                                 "quantize from an F16/F32/BF16 GGUF")
         row = info.shape[-1]
-        if row % opts.group_size:
+        if row % opts.group_size and opts.method not in OWN_METHODS:     # clipping groups: AWQ/RTN only
             raise BadInputError(f"--group-size {opts.group_size} does not divide the row length {row} of {name}")
     if opts.method == "awq" or opts.imatrix == "auto":
         if opts.calib is None:
@@ -173,8 +175,9 @@ class Calibrator:
         self.want_imatrix = want_imatrix
         self.awq = opts.method == "awq"
         self.own = opts.method in OWN_METHODS
-        self.hess: dict[str, torch.Tensor] = {}        # the current block's Σ xxᵀ per linear (own K-quant writer)
         self._head_h: torch.Tensor | None = None
+        self.enc: dict[str, np.ndarray] = {}          # the current block's encoded linears (own K-quant writer)
+        self.lin_type = None                           # name, shape -> QT (own K-quant writer)
         self.next, self.cur_il, self.cur = 0, -1, {}
         self.report: list[dict] = []
         self.imatrix: dict[str, np.ndarray] = {}       # weight name -> Σ x² over tokens (scaled inputs)
@@ -210,7 +213,12 @@ class Calibrator:
         blk = Block(self.m.hp, il, self.g.tensor, self.g.has, self.device, L)
         rep: dict = {"layer": il}
         self.fq = fake_quant_fn(self.fmt, self.opts.group_size, il, self.m.hp.n_layer, self.weighted)
-        if self.h is not None:
+        if self.h is not None and self.own:     # own K-quant writer: calibrate and encode in one pass
+            from .kq_writer import encode_block
+            self.tok_per_block = self.h.shape[0] * self.h.shape[1]
+            self.enc, self.h = encode_block(blk, il, self.h, self.lin_type, self.opts.method, self.opts.damp,
+                                            self.opts.sequential)
+        elif self.h is not None:
             h_next, caps = blk.forward_capture(self.h)
             if self.awq:
                 rep["rtn_mse"] = self._block_mse(blk, caps)
@@ -221,11 +229,6 @@ class Calibrator:
                                                          self.opts.clip_tokens, self.gen,
                                                          *clip_settings(self.opts, self.fmt))
                 rep["awq_mse"] = self._block_mse(blk, caps)
-            if self.own:
-                from .kq_writer import hessians
-                hs = hessians(caps)
-                self.hess = {f"blk.{il}.{n}.weight": hs[grp.inp] for grp in GROUPS for n in grp.linears}
-                self.tok_per_block = caps["attn_in"].shape[0] * caps["attn_in"].shape[1]
             if self.want_imatrix or self.weighted:
                 self.tok_per_block = caps["attn_in"].shape[0] * caps["attn_in"].shape[1]
                 for grp in GROUPS:
@@ -261,7 +264,6 @@ class Calibrator:
             from ..kernels_ref.model import rms_norm
             from .kq_writer import hessians
             self.layer(self.m.hp.n_layer - 1)
-            self.hess = {}
             x = rms_norm(self.h, self._t_norm(), self.m.hp.rms_eps)
             self._head_h = hessians({"head": x})["head"]
         return self._head_h
@@ -334,7 +336,8 @@ def _own_plan(g: GgufFile, cal: Calibrator, opts: QuantOptions) -> list[_Out]:
         return kq_writer.q4_k_m_type(name, shape[-1], n_layer, tied)
 
     def lin_encode(name, a, qt):
-        return kq_writer.encode(a, qt, opts.method, cal.hess.get(name), cal.tok_per_block, opts.damp)
+        return cal.enc[name]
+    cal.lin_type = lin_qtype
 
     plan, last = [], []
     for t in _plan(g, cal, lin_qtype, lin_encode):
