@@ -332,6 +332,8 @@ def quantize(
     damp: float = typer.Option(0.01, help="--method gptq: Hessian damping, a fraction of its mean diagonal"),
     no_sequential: bool = typer.Option(False, "--no-sequential", help="gptq / search: calibrate every block on "
                                        "the float model's activations (default: on the quantized model's)"),
+    act_order: bool = typer.Option(False, "--act-order", help="gptq: round columns in decreasing importance "
+                                   "order on a grid fitted up front"),
     threads: Optional[int] = typer.Option(None, help="llama-quantize threads"),
     seed: int = typer.Option(0, help="random seed (token subsets of the searches)"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT"),
@@ -345,7 +347,7 @@ def quantize(
     res = run(QuantOptions(inp, out, method=method, qtype=qtype.lower(), group_size=group_size, calib=calib,
                            samples=samples, seq_len=seq_len, device=device, imatrix=imatrix, force=force,
                            quiet=as_json, clip=not no_clip, threads=threads, seed=seed, damp=damp,
-                           sequential=not no_sequential))
+                           sequential=not no_sequential, act_order=act_order))
     if as_json:
         emit_json(res)
     else:

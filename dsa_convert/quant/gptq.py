@@ -40,8 +40,11 @@ def hessian_inverse_chol(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, to
 
 
 def quantize(w: np.ndarray, qtype: QT, H: torch.Tensor, imp: np.ndarray | None, damp: float = 0.01,
-             sigma2: np.ndarray | None = None) -> tuple[Grid, np.ndarray]:
-    """w [rows, n] float32, H [n, n] (Σ xxᵀ over calibration tokens) → (grid, codes [rows, n] int16)."""
+             sigma2: np.ndarray | None = None, act_order: bool = False) -> tuple[Grid, np.ndarray]:
+    """w [rows, n] float32, H [n, n] (Σ xxᵀ over calibration tokens) → (grid, codes [rows, n] int16).
+    act_order: the grid fitted once on w ("static groups"), the columns rounded in decreasing diag(H) order."""
+    if act_order:
+        return _quantize_act_order(w, qtype, H, imp, damp, sigma2)
     W = torch.from_numpy(np.array(w, dtype=np.float32))
     rows, n = W.shape
     U, dead = hessian_inverse_chol(H.cpu(), damp)
@@ -73,3 +76,37 @@ def quantize(w: np.ndarray, qtype: QT, H: torch.Tensor, imp: np.ndarray | None, 
         if i2 < n:
             W[:, i2:] -= E @ U[i1:i2, i2:]
     return concat(grids), codes
+
+
+def _quantize_act_order(w, qtype, H, imp, damp, sigma2, block: int = 128):
+    w = np.asarray(w, dtype=np.float32)
+    rows, n = w.shape
+    grid = fit(qtype, w, imp, sigma2)
+    perm = torch.argsort(torch.diag(H), descending=True)
+    inv = torch.argsort(perm)
+    Hp = H[perm][:, perm]
+    U, dead = hessian_inverse_chol(Hp.cpu(), damp)
+    W = torch.from_numpy(w)[:, perm].clone()
+    W[:, dead] = 0
+    S = torch.from_numpy(np.repeat(grid.s, grid.group, axis=1))[:, perm]
+    Bo = torch.from_numpy(np.repeat(grid.b, grid.group, axis=1))[:, perm]
+    nz = S != 0
+    S_safe = torch.where(nz, S, torch.ones_like(S))
+    Q = torch.zeros_like(W)
+    for i1 in range(0, n, block):
+        i2 = min(n, i1 + block)
+        W1 = W[:, i1:i2].clone()
+        E = torch.zeros_like(W1)
+        U1 = U[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            c = i1 + i
+            col = W1[:, i]
+            q = torch.where(nz[:, c], torch.round((col - Bo[:, c]) / S_safe[:, c]), torch.zeros_like(col))
+            q = q.clamp(grid.lo, grid.hi)
+            err = (col - (S[:, c] * q + Bo[:, c])) / U1[i, i]
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            E[:, i] = err
+            Q[:, c] = q
+        if i2 < n:
+            W[:, i2:] -= E @ U[i1:i2, i2:]
+    return grid, Q[:, inv].to(torch.int16).numpy()

@@ -45,20 +45,20 @@ def q4_k_m_type(name: str, n: int, n_layer: int, tied: bool) -> QT:
 
 
 def hessians(caps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Σ xxᵀ over the calibration tokens of each captured linear input, float64 on the CPU."""
+    """Σ xxᵀ over the calibration tokens of each captured linear input (float64 sum of float32 products)."""
     out = {}
     for k, x in caps.items():
         x2 = x.reshape(-1, x.shape[-1])
         H = torch.zeros(x2.shape[1], x2.shape[1], dtype=torch.float64)
-        for a in range(0, x2.shape[0], 8192):
-            xb = x2[a:a + 8192].double().cpu()
-            H += xb.T @ xb
+        for a in range(0, x2.shape[0], 4096):     # float32 products of 4096 tokens, summed in float64
+            xb = x2[a:a + 4096].float().cpu()
+            H += (xb.T @ xb).double()
         out[k] = H
     return out
 
 
 def encode(w: np.ndarray, qt: QT, method: str, H: torch.Tensor | None, n_tokens: int,
-           damp: float = 0.01) -> np.ndarray:
+           damp: float = 0.01, act_order: bool = False) -> np.ndarray:
     """float32 w [rows, n] → the bytes of type qt: importance-weighted search (imatrix = diag(H)/n_tokens), then
     round to nearest (search) or GPTQ (gptq). Types without a grid here (F16, Q5_1) are written by gguf-py."""
     w = np.ascontiguousarray(w, dtype=np.float32)
@@ -67,7 +67,7 @@ def encode(w: np.ndarray, qt: QT, method: str, H: torch.Tensor | None, n_tokens:
         return ref_encode(w, qt)
     imp = None if H is None else (torch.diag(H) / max(1, n_tokens)).float().numpy()
     if method == "gptq" and H is not None:
-        grid, q = gptq.quantize(w, qt, H, imp, damp=damp)
+        grid, q = gptq.quantize(w, qt, H, imp, damp=damp, act_order=act_order)
     else:
         grid = kq_search.fit(qt, w, imp)
         q = grid.codes(w)
@@ -81,7 +81,7 @@ def dequantize(b: np.ndarray, qt: QT, shape: tuple[int, int]) -> np.ndarray:
 
 
 def encode_block(blk, il: int, h: torch.Tensor, lin_type, method: str, damp: float,
-                 sequential: bool = True) -> tuple[dict[str, np.ndarray], torch.Tensor]:
+                 sequential: bool = True, act_order: bool = False) -> tuple[dict[str, np.ndarray], torch.Tensor]:
     """Every linear of block il encoded ({weight name: bytes}) from the block input h [N, L, d]; returns them and
     the block's output. sequential (GPTQ's "true sequential"): each linear's Hessian is taken on inputs that the
     block's already quantized linears produced (q/k/v → o → gate/up → down) and the output is the quantized
@@ -99,7 +99,7 @@ def encode_block(blk, il: int, h: torch.Tensor, lin_type, method: str, damp: flo
             name = f"blk.{il}.{n}.weight"
             w = blk.w[n].cpu().numpy()
             qt = lin_type(name, w.shape)
-            out[name] = encode(w, qt, method, H, n_tok, damp)
+            out[name] = encode(w, qt, method, H, n_tok, damp, act_order)
             if sequential:
                 blk.w[n] = torch.from_numpy(dequantize(out[name], qt, w.shape)).to(blk.w[n].device)
     x = rms_norm(h, blk.w["attn_norm"], hp.rms_eps)

@@ -80,6 +80,7 @@ class QuantOptions:
     damp: float = 0.01                # --method gptq: Hessian damping, a fraction of its mean diagonal
     # own K-quant writer: the next block calibrates on the quantized block's output (GPTQ's sequential mode)
     sequential: bool = True
+    act_order: bool = False           # --method gptq: columns in decreasing-importance order on a fixed grid
 
 
 def _device(name: str) -> torch.device:
@@ -217,7 +218,7 @@ class Calibrator:
             from .kq_writer import encode_block
             self.tok_per_block = self.h.shape[0] * self.h.shape[1]
             self.enc, self.h = encode_block(blk, il, self.h, self.lin_type, self.opts.method, self.opts.damp,
-                                            self.opts.sequential)
+                                            self.opts.sequential, self.opts.act_order)
         elif self.h is not None:
             h_next, caps = blk.forward_capture(self.h)
             if self.awq:
@@ -348,7 +349,7 @@ def _own_plan(g: GgufFile, cal: Calibrator, opts: QuantOptions) -> list[_Out]:
             def load(name=t.name, qt=qt, head=head):
                 H = cal.head_hessian() if head else None
                 return kq_writer.encode(np.asarray(g.tensor(name), dtype=np.float32), qt, opts.method, H,
-                                        cal.n_tokens, opts.damp)
+                                        cal.n_tokens, opts.damp, opts.act_order)
             last.append(_Out(t.name, t.shape, qt, load))
         else:
             plan.append(t)
