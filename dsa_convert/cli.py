@@ -114,9 +114,12 @@ def convert(
     residual_bits: Optional[int] = typer.Option(None, help="ASQ residual bits: 4 | 8"),
     calib: Optional[Path] = typer.Option(None, help="calibration text file"),
     calib_ctx: Optional[int] = typer.Option(None, "--calib-ctx", help="calibration context (tokens per chunk); default: "
-                                            "the model's trained context, capped by memory (the report says)"),
-    calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="calibration tokens to train on; default: "
-                                               "65536 up to a 2K context, else 524288 on a GPU, 65536 on a CPU"),
+                                            "the largest up to the model's that the time budget fits (the report says)"),
+    calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="calibration tokens to train on" + _RECIPE),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="seconds the retrofit may take: picks the "
+                                                "calibration context and recipe (default 1800 on a CPU, 180 on a GPU; 0: none)"),
+    memory_budget: Optional[float] = typer.Option(None, "--memory-budget", help="GiB the calibration activations may "
+                                                  "take (default: half the free memory, on a CPU at most 2)"),
     steps: Optional[int] = typer.Option(None, help="indexer training steps per layer and phase" + _RECIPE),
     query_rows: Optional[int] = typer.Option(None, "--query-rows", help="query rows per training step" + _RECIPE),
     split_search: Optional[str] = typer.Option(None, "--split-search", help="full | coarse sink/local search" + _RECIPE),
@@ -134,7 +137,7 @@ def convert(
                     index_share=index_share, index_place=index_place, sink=sink, local=local, select=select,
                     block_size=block_size, residual_bits=residual_bits, calib=calib, steps=steps, ctx=calib_ctx,
                     calib_tokens=calib_tokens, query_rows=query_rows, split_search=split_search,
-                    placement_search=placement_search)
+                    placement_search=placement_search, time_budget=time_budget, memory_budget=memory_budget)
     wants_dsa = any(v is not None for v in dsa_opts.values())
     if no_dsa and wants_dsa:
         raise typer.BadParameter("--no-dsa cannot be combined with DSA options")
@@ -442,6 +445,8 @@ def run_cmd(
     file: Path = typer.Argument(..., help="GGUF file"),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the prompt"),
     prompt_file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from this file"),
+    chat: bool = typer.Option(False, "--chat", help="the prompt is a user turn: format it with the file's chat template"),
+    system: Optional[str] = typer.Option(None, "--system", help="with --chat: a system turn before the prompt"),
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate at most"),
     ctx: Optional[int] = typer.Option(None, "--ctx", help=_SESSION_HELP["ctx"]),
     attn: Optional[str] = typer.Option(None, "--attn", help=_SESSION_HELP["attn"]),
@@ -458,17 +463,10 @@ def run_cmd(
     """Generate a completion: the text streams to stdout, a one-line stats footer goes to stderr."""
     from .backend.runtime import preload_llama_cpp
     preload_llama_cpp()     # before anything imports numpy (see preload_llama_cpp)
-    from .errors import BadInputError
-    from .generate.complete import RunOptions, check_run_options, complete, stats_line
+    from .generate.complete import RunOptions, check_run_options, complete, read_prompt, stats_line
 
-    if (prompt is None) == (prompt_file is None):
-        raise BadInputError("give the prompt with -p TEXT or -f FILE (one of them)")
-    if prompt_file is not None:
-        try:
-            prompt = prompt_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise BadInputError(f"-f {prompt_file}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    o = RunOptions(prompt=prompt, n_predict=n_predict, temp=temp, seed=seed, threads=threads)
+    o = RunOptions(prompt=read_prompt(prompt, prompt_file), n_predict=n_predict, temp=temp, seed=seed, threads=threads,
+                   chat=chat, system=system)
     check_run_options(o)
     plan = _session(file, ctx, attn, kv, top_k, n_gpu_layers, flash_attn)
 

@@ -46,8 +46,9 @@ def convert(opts: ConvertOptions) -> dict:
 
         with task("DSA retrofit", None, quiet=opts.quiet) as rbar:
             def on_progress(ev: dict) -> None:
-                rbar.advance(0, info=" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                              for k, v in ev.items()))
+                rbar.advance(0, eta_s=ev.get("eta_s"),
+                             info=" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                           for k, v in ev.items() if k not in ("elapsed_s", "eta_s")))
             res = run_retrofit(Path(opts.model_dir), opts.dsa, progress=on_progress)
         extra.items.update(res.kv)
         dsa_qt = gguf.GGMLQuantizationType.F32 if opts.outtype == "f32" else gguf.GGMLQuantizationType.F16

@@ -73,8 +73,8 @@ def test_calib_too_short(model, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("too short")
     out = tmp_path / "o.gguf"
-    assert_clean_failure(run_dsa("convert", str(model), str(out), "--cluster-num", "8", "--calib", str(short)),
-                         out, "calibration")
+    assert_clean_failure(run_dsa("convert", str(model), str(out), "--cluster-num", "8", "--top-k", "64", "--calib",
+                                 str(short)), out, "is too short")
 
 
 @pytest.mark.skipif(not WIKI_RAW.is_file(), reason="WikiText-2 not present")

@@ -53,6 +53,12 @@ class DsaConfig:
                                         # plan's recipe; placement.py)
     split_chunks: Optional[int] = None  # held-out chunks that score S/L candidates and the layer placement; None ->
                                         # an eighth of the training chunks, 1 to 4
+    time_budget: Optional[float] = None  # seconds the retrofit should take (--time-budget): picks the calibration
+                                        # context and recipe by a measured probe (calib.py, budget.py); None -> the
+                                        # device's default (budget.DEFAULT_TIME_BUDGET); 0 -> no budget: the full
+                                        # recipe at the model's context
+    memory_budget: Optional[float] = None  # GiB the calibration activations may take (--memory-budget); None -> half
+                                        # the free memory, on a CPU at most calib.DEFAULT_CPU_MEMORY
     device: str = "auto"                # auto | cpu | cuda | cuda:N
     seed: int = 0
     threads: Optional[int] = None       # torch CPU threads (None -> leave as is)
@@ -104,6 +110,10 @@ class DsaConfig:
             raise BadInputError(f"--calib-ctx must be >= 16 (got {self.ctx})")
         if self.ctx is not None and self.top_k >= self.ctx:
             raise BadInputError(f"--top-k {self.top_k} must be smaller than --calib-ctx {self.ctx}")
+        if self.time_budget is not None and not self.time_budget >= 0:
+            raise BadInputError(f"--time-budget must be >= 0 seconds (got {self.time_budget})")
+        if self.memory_budget is not None and not self.memory_budget > 0:
+            raise BadInputError(f"--memory-budget must be > 0 GiB (got {self.memory_budget})")
         if self.calib_tokens is not None and self.calib_tokens < 1:
             raise BadInputError(f"--calib-tokens must be >= 1 (got {self.calib_tokens})")
         if not Path(self.calib).is_file():

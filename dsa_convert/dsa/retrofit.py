@@ -38,7 +38,8 @@ from ..errors import BadInputError
 from ..kernels_ref.indexer import IndexerWeights
 from ..resources import peak_rss_mib
 from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
-from .calib import MEMORY_SHARE, activation_bytes_per_token, calib_chunks, free_memory_bytes, plan_calibration
+from .budget import default_time_budget, estimate, probe
+from .calib import activation_bytes_per_token, calib_chunks, plan_calibration
 from .config import DsaConfig
 from .indexer_train import LayerCalib, TrainLog, eval_kl, init_indexer, train_layer
 from .placement import choose_full_layers, n_full_layers
@@ -121,8 +122,15 @@ def indexer_tensors(il: int, w: IndexerWeights) -> dict[str, np.ndarray]:
             p + "k_norm.weight": f(w.gamma), p + "k_norm.bias": f(w.beta)}
 
 
-def _model_ctx(model) -> int:
+def _model_ctx(model, cfg: DsaConfig | None = None) -> int:
+    """The model's context: the most the calibration context may be. A HF config without max_position_embeddings
+    leaves it unknown: then --calib-ctx must say it (one line, before any work)."""
     spec = getattr(model, "spec", None)
+    extra = getattr(spec, "extra", None) or {}
+    if cfg is not None and cfg.ctx is None and "max_position_embeddings" in extra \
+            and extra["max_position_embeddings"] is None:
+        raise BadInputError(f"{spec.name}: config.json has no 'max_position_embeddings', so the retrofit cannot "
+                            "choose a calibration context; pass --calib-ctx")
     for a in ("n_ctx", "context_length", "n_ctx_train", "max_position_embeddings"):
         if spec is not None and getattr(spec, a, None):
             return int(getattr(spec, a))
@@ -177,14 +185,86 @@ def _group_pass(model, il: int, end: int, h: torch.Tensor, pos: torch.Tensor, n_
     return train, held, h
 
 
-def _keeps_pass_a_data(hp, types: list[bool], plan, dev: str) -> bool:
-    """Whether every group's training activations (x of the full layer, q / k of all layers, float32) fit beside the
-    plan's working set in MEMORY_SHARE of the free memory: then the sparse phase reuses them instead of running the
-    frozen model over the calibration chunks a second time (the same values: each chunk's forward is independent)."""
-    per_token = 4 * (sum(types) * hp.n_embd + len(types) * (hp.n_head + hp.n_head_kv) * hp.head_dim)
-    need = plan.n_train * plan.ctx * per_token
+def _group_bytes(hp, plan, members: int) -> int:
+    """float32 bytes of one group's training activations (x of its full layer, q / k of its ``members`` layers)."""
+    return 4 * plan.n_train * plan.ctx * (hp.n_embd + members * (hp.n_head + hp.n_head_kv) * hp.head_dim)
+
+
+def _keeps_pass_a_data(hp, types: list[bool], plan, dev: str) -> int:
+    """Bytes of the first pass's training activations that the sparse phase may reuse instead of running the frozen
+    model over the calibration chunks a second time (the same values: each chunk's forward is independent): what the
+    plan's memory budget leaves beside its working set (0: recompute every layer). The groups are kept in layer order
+    while they fit; the pass B forward restarts from the hidden state at the first group not kept."""
     working = (plan.n_train + plan.n_held) * plan.ctx * plan.bytes_per_token
-    return need + working <= MEMORY_SHARE * free_memory_bytes(dev)
+    return max(0, plan.memory_budget - working)
+
+
+def _kept_layers(hp, types: list[bool], plan, keep_bytes: int) -> int:
+    """How many layers' data fit ``keep_bytes`` (the groups in layer order)."""
+    used, n = 0, 0
+    for il, end in _groups(types):
+        used += _group_bytes(hp, plan, end - il)
+        if used > keep_bytes:
+            break
+        n = end
+    return n
+
+
+def _planned(model, cfg: DsaConfig, dev: str, group: int, types_for_keep):
+    """The CalibPlan for this model and config: the time budget (cfg's, else the device's default) decides the context
+    and recipe by a probe of this machine's speed at each context tried (budget.py)."""
+    hp = model.hp
+    model_ctx = _model_ctx(model, cfg)
+    if cfg.ctx is None and cfg.top_k >= model_ctx:
+        raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the model's context {model_ctx}")
+    budget = default_time_budget(dev) if cfg.time_budget is None else (cfg.time_budget or None)
+    probes: dict[tuple[int, int], object] = {}
+
+    def estimator(plan) -> dict:
+        key = (plan.ctx, plan.query_rows)
+        if key not in probes:
+            km = next((c.kmeans_s for c in probes.values()), None)
+            probes[key] = probe(model, plan.ctx, plan.query_rows, cfg, dev, kmeans_s=km)
+        keep = _kept_layers(hp, types_for_keep, plan, _keeps_pass_a_data(hp, types_for_keep, plan, dev))
+        return estimate(plan, probes[key], n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, cfg=cfg, kept_layers=keep)
+
+    plan = plan_calibration(ctx=cfg.ctx, calib_tokens=cfg.calib_tokens, calib_chunks=cfg.calib_chunks,
+                            split_chunks=cfg.split_chunks, model_ctx=model_ctx, device=dev,
+                            bytes_per_token=activation_bytes_per_token(hp.n_embd, hp.n_head, hp.n_head_kv,
+                                                                       hp.head_dim, members=group),
+                            steps=cfg.steps, sparse_steps=cfg.sparse_steps, query_rows=cfg.query_rows,
+                            split_search=cfg.split_search, placement_search=cfg.placement_search, top_k=cfg.top_k,
+                            time_budget=budget, estimator=estimator,
+                            memory_bytes=None if cfg.memory_budget is None else int(cfg.memory_budget * 2**30))
+    return plan, [c.as_report() for c in probes.values()]
+
+
+ETA_TRUST = 0.05    # the share of the estimate done before the ETA scales it by the speed measured so far
+
+
+class _Eta:
+    """Elapsed seconds and an ETA for the progress events, from the plan's estimate per stage: each finished unit
+    (a group's pass, the split search, ...) adds its estimated share; the rest is scaled by the speed so far."""
+
+    def __init__(self, est: dict, n_groups: int, t0: float):
+        self.est, self.n, self.t0, self.done = est, max(1, n_groups), t0, 0.0
+        self.total = float(est.get("total") or 0.0)
+
+    def unit(self, stage: str, share: float = 1.0) -> float:
+        per = {"split": 1.0, "placement": 1.0}.get(stage, 1.0 / self.n)
+        return float(self.est.get(stage, 0.0)) * per * share
+
+    def add(self, seconds: float) -> None:
+        self.done += seconds
+
+    def event(self, ev: dict, partial: float = 0.0) -> dict:
+        el = time.time() - self.t0
+        out = {**ev, "elapsed_s": round(el, 1)}
+        if self.total > 0:
+            done = min(self.total, self.done + partial)
+            rate = el / done if done >= ETA_TRUST * self.total else 1.0   # the estimate alone until then
+            out["eta_s"] = round(max(0.0, (self.total - done) * rate), 1)
+        return out
 
 
 class StageClock:
@@ -220,12 +300,11 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         model = model or RefModel.from_hf(Path(model_dir), device=dev)
     hp = model.hp
     group = 1 if cfg.searches_placement else cfg.index_share
-    plan = plan_calibration(ctx=cfg.ctx, calib_tokens=cfg.calib_tokens, calib_chunks=cfg.calib_chunks,
-                            split_chunks=cfg.split_chunks, model_ctx=_model_ctx(model), device=dev,
-                            bytes_per_token=activation_bytes_per_token(hp.n_embd, hp.n_head, hp.n_head_kv,
-                                                                       hp.head_dim, members=group),
-                            steps=cfg.steps, sparse_steps=cfg.sparse_steps, query_rows=cfg.query_rows,
-                            split_search=cfg.split_search, placement_search=cfg.placement_search)
+    emit0 = progress or (lambda d: None)
+    emit0({"stage": "plan", "time_budget_s": cfg.time_budget})
+    with clock("plan"):
+        plan, probes = _planned(model, cfg, dev, group, [True] * hp.n_layer if cfg.searches_placement
+                                else cfg.indexer_types(hp.n_layer))
     ctx, n_train, n_held = plan.ctx, plan.n_train, plan.n_held
     if cfg.top_k >= ctx:
         raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx} "
@@ -235,7 +314,17 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     with clock("load"):
         tokens = calib_chunks(cfg.calib, Path(model_dir), ctx, n_train + n_held)
     pos = torch.arange(ctx, device=model.device)
-    emit = progress or (lambda d: None)
+    types0 = [True] * hp.n_layer if cfg.searches_placement else cfg.indexer_types(hp.n_layer)
+    eta = _Eta(plan.estimate, sum(1 for _ in _groups(types0)), t_start)
+    emit0({"stage": "plan", "ctx": ctx, "level": plan.level, "train_chunks": n_train,
+           "estimate_s": plan.estimate.get("total"), "time_budget_s": plan.time_budget})
+    emit = (lambda d: None) if progress is None else (lambda d: progress(eta.event(d, _partial(d))))
+
+    def _partial(d: dict) -> float:
+        """The estimated seconds done inside the current unit: a training phase's steps so far."""
+        if str(d.get("stage", "")).startswith("indexer_") and d.get("steps"):
+            return eta.unit("train", 0.5 * d["step"] / d["steps"])
+        return 0.0
     user_split = cfg.sink is not None and cfg.local is not None
     sparse_steps = plan.sparse_steps
     log = {il: TrainLog() for il in range(hp.n_layer)}
@@ -245,7 +334,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     asq_layers: list[LayerAsq] = []
     rep: dict = {"config": cfg.to_dict(), "ctx": ctx, "device": dev, "freq_base": hp.rope.base,
                  "calib_tokens": int(tokens.numel()),
-                 "calibration": plan.as_report(),
+                 "calibration": {**plan.as_report(), "probes": probes},
                  "layers": {}}
     if dev.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -261,14 +350,23 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     with clock("calib_forward"):
         h = torch.stack([model.embed(t) for t in tokens])
     pass_b = not user_split and sparse_steps > 0
-    kept: dict[int, LayerCalib] | None = {} if pass_b and _keeps_pass_a_data(hp, types, plan, dev) else None
-    rep["calibration"]["sparse_phase_data"] = ("kept from the first pass" if kept is not None else
-                                               "recomputed" if pass_b else "none")
+    keep_bytes = _keeps_pass_a_data(hp, types, plan, dev) if pass_b else 0
+    n_keep = _kept_layers(hp, types, plan, keep_bytes) if pass_b else 0
+    kept: dict[int, LayerCalib] = {}
+    h_resume = None             # pass B's input at layer n_keep (the first layer whose data is not kept)
+    rep["calibration"]["sparse_phase_data"] = (
+        "none" if not pass_b else "kept from the first pass" if n_keep >= hp.n_layer else "recomputed" if n_keep == 0
+        else f"kept for layers 0-{n_keep - 1}, recomputed from layer {n_keep}")
+    rep["calibration"]["kept_layers"] = n_keep
+    rep["calibration"]["kept_mib"] = round(sum(_group_bytes(hp, plan, e - i) for i, e in _groups(types)
+                                               if e <= n_keep) / 2**20)
     spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
     rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
     for il, end in _groups(types):
         samplers = {j: AsqSampler(per_chunk, cfg.seed + j) for j in range(il, end)} if cfg.cluster_num is not None \
             else {}
+        if pass_b and il == n_keep and 0 < n_keep < hp.n_layer:
+            h_resume = h[:n_train].clone()
         with clock("calib_forward"):
             data, held, h = _group_pass(model, il, end, h, pos, n_train, samplers)
         with clock("train"):
@@ -281,7 +379,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         with clock("eval_kl"):
             rep["layers"].setdefault(il, {})["heldout_kl_dense_phase" if held is not None else "train_kl_dense_phase"] \
                 = eval_kl(held if held is not None else data, w, cfg.top_k, device=dev)
-        if kept is not None:
+        if end <= n_keep:
             kept[il] = data
         del data, held
         for j, sampler in samplers.items():
@@ -289,6 +387,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             with clock("asq_fit"):
                 asq_layers.append(fit_layer(sampler, rope_cpu, cfg.cluster_num, cfg.residual_bits,
                                             cfg.seed + j, spaces=spaces))
+        eta.add(eta.unit("train", 0.5) + eta.unit("asq_fit") + eta.unit("eval_kl")
+                + eta.unit("calib_forward", (n_train + n_held) / max(1, 2 * n_train + n_held)))
     del h
 
     # ---- split by calibration loss, then the sparse phase (pass B) with the chosen split
@@ -302,11 +402,13 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                                              indexer_types=types, search=plan.split_search)
         rep["split"] = srep
         split_source = "calibrated"
+        eta.add(eta.unit("split"))
         if sparse_steps > 0:
             with clock("calib_forward"):
-                h = torch.stack([model.embed(t) for t in tokens[:n_train]]) if kept is None else None
+                h = torch.stack([model.embed(t) for t in tokens[:n_train]]) if n_keep == 0 else h_resume
+            h_resume = None
             for il, end in _groups(types):
-                if kept is not None:
+                if il in kept:
                     data = kept.pop(il)
                 else:
                     with clock("calib_forward"):
@@ -315,6 +417,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                     indexers[il] = train_layer(data, indexers[il], steps=sparse_steps, phase="sparse", sink=sink,
                                                local=local, **kw(il))
                 del data
+                eta.add(eta.unit("train", 0.5) + eta.unit("calib_forward", n_train / max(1, 2 * n_train + n_held)))
             del h
     rep["sink"], rep["local"], rep["split_source"] = sink, local, split_source
 
@@ -348,6 +451,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             tensors[f"blk.{il}.dsa.asq_k_proto"] = np.ascontiguousarray(la.k_proto[key_space].numpy())
             tensors[f"blk.{il}.dsa.asq_v_proto"] = np.ascontiguousarray(la.v_proto.numpy())
     rep["seconds"] = time.time() - t_start
+    rep["calibration"]["measured_s"] = round(rep["seconds"], 1)
     rep["stage_seconds"] = {k: round(v, 3) for k, v in clock.seconds.items()}
     rep["peak_rss_mib"] = peak_rss_mib()
     if dev.startswith("cuda"):

@@ -145,5 +145,6 @@ def load_config(model_dir: Path) -> ModelSpec:
         rope=_rope(cfg, int(head_dim), path),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attn_bias=attn_bias, qk_norm=qk_norm, name=model_dir.resolve().name,
-        extra={"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id")},
+        extra={"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id"),
+               "max_position_embeddings": cfg.get("max_position_embeddings")},
     )

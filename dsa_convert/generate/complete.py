@@ -16,6 +16,7 @@ from ..backend.llama_runner import RunnerOptions, close_model, open_model
 from ..backend.runtime import import_llama_cpp
 from ..errors import BadInputError
 from ..resources import check_threads
+from .chat import chat_messages, chat_prompt
 from .session import SessionPlan
 
 TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05       # llama.cpp's sampler defaults (common/common.h)
@@ -29,6 +30,20 @@ class RunOptions:
     temp: float = 0.8
     seed: int | None = None                # None: a random seed (reported)
     threads: int | None = None
+    chat: bool = False                     # the prompt is a user turn, formatted with the file's chat template
+    system: str | None = None              # with chat: a system turn before it
+
+
+def read_prompt(prompt: str | None, prompt_file) -> str:
+    """The prompt from -p TEXT or -f FILE (exactly one of them)."""
+    if (prompt is None) == (prompt_file is None):
+        raise BadInputError("give the prompt with -p TEXT or -f FILE (one of them)")
+    if prompt_file is None:
+        return prompt
+    try:
+        return prompt_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInputError(f"-f {prompt_file}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
 
 
 def check_run_options(o: RunOptions) -> None:
@@ -38,6 +53,8 @@ def check_run_options(o: RunOptions) -> None:
         raise BadInputError(f"--n-predict must be >= 1 (got {o.n_predict})")
     if o.temp < 0:
         raise BadInputError(f"--temp must be >= 0 (got {o.temp})")
+    if o.system is not None and not o.chat:
+        raise BadInputError("--system is a turn of --chat; add --chat")
     if o.seed is not None and not 0 <= o.seed < 2 ** 32:
         raise BadInputError(f"--seed must be in 0 .. 2^32 - 1 (got {o.seed})")
     check_threads(o.threads)
@@ -66,7 +83,11 @@ def complete(plan: SessionPlan, o: RunOptions, on_text: Callable[[str], None] | 
                                                   n_threads=o.threads))
     info = parse_kv_log("".join(log))
     try:
-        tokens = llm.tokenize(o.prompt.encode("utf-8"), add_bos=True, special=True)   # as llama-server tokenizes
+        if o.chat:      # the template writes its own special tokens (BOS included where it has one)
+            text = chat_prompt(llm, plan.path, chat_messages(o.prompt, o.system))
+            tokens = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        else:
+            tokens = llm.tokenize(o.prompt.encode("utf-8"), add_bos=True, special=True)   # as llama-server tokenizes
         if len(tokens) >= plan.n_ctx:
             raise BadInputError(f"the prompt has {len(tokens)} tokens; the context holds {plan.n_ctx} (--ctx)")
         n_new = min(o.n_predict, plan.n_ctx - len(tokens))
@@ -101,7 +122,7 @@ def complete(plan: SessionPlan, o: RunOptions, on_text: Callable[[str], None] | 
     if finish == "length" and n_new < o.n_predict:
         finish = "context"
     return {"file": str(plan.path), "text": "".join(pieces), "prompt_tokens": len(tokens), "generated_tokens": len(generated),
-            "finish_reason": finish, "ctx": plan.n_ctx, "attn": plan.mode["attn"], "top_k": plan.mode["top_k"],
+            "finish_reason": finish, "chat": o.chat, "ctx": plan.n_ctx, "attn": plan.mode["attn"], "top_k": plan.mode["top_k"],
             "sink": plan.mode["sink"], "local": plan.mode["local"], "attention": sparse_description(info.sparse_line, plan),
             "kv": plan.kv, "temp": o.temp, "seed": seed, "n_gpu_layers": plan.n_gpu_layers,
             "flash_attn": plan.flash_attn,
