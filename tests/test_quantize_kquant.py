@@ -78,8 +78,8 @@ def test_search_matches_ggml(qt):
     assert abs(e[0] - e[1]) <= 0.01 * e[1]
 
 
-@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K, QT.Q5_0])
-def test_gptq_beats_round_to_nearest_on_the_output(qt):
+@pytest.mark.parametrize("qt,act_order", [(QT.Q4_K, False), (QT.Q6_K, False), (QT.Q5_0, False), (QT.Q4_K, True)])
+def test_gptq_beats_round_to_nearest_on_the_output(qt, act_order):
     from dsa_convert.quant import gptq, kq_pack, kq_search
 
     torch.manual_seed(0)
@@ -96,7 +96,7 @@ def test_gptq_beats_round_to_nearest_on_the_output(qt):
         return float(((X @ (wq - w).T) ** 2).mean())
     g = kq_search.fit(qt, w, imp)
     rtn = out_err(g.values(g.codes(w)))
-    g2, q2 = gptq.quantize(w, qt, H, imp)
+    g2, q2 = gptq.quantize(w, qt, H, imp, act_order=act_order)
     deq = gguf.quants.dequantize(kq_pack.pack(g2, q2), qt)
     assert out_err(deq) < 0.6 * rtn
 

@@ -2,7 +2,7 @@
 """`dsa quantize --type q4_k_m` against llama.cpp's imatrix Q4_K_M on one model, by KL divergence to the F16 file.
 
     python scripts/bench/bench_kquant.py --f16 F16.gguf --work DIR [--chunks 40] [--samples 128] \
-        [--variant NAME='--method gptq' ...] [--threads 1]
+        [--variant NAME='--method gptq' ...] [--file NAME=PATH ...] [--threads 1]
 
 Steps (each skipped when its output already exists in DIR, so a run can be resumed or extended by variants):
   1. llama-imatrix -m F16 -f books-calib.txt -c 512 --chunks SAMPLES (the calibration tokens dsa quantize
@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval", type=Path, default=WIKI)
     ap.add_argument("--variant", action="append", default=[], help="NAME='dsa quantize args'")
+    ap.add_argument("--file", action="append", default=[], help="NAME=PATH: a GGUF made otherwise, scored as well")
     a = ap.parse_args()
     w = a.work
     w.mkdir(parents=True, exist_ok=True)
@@ -98,6 +99,9 @@ def main() -> None:
     for v in a.variant:
         name, _, args = v.partition("=")
         files[name] = (w / f"{name}.gguf", args)
+    for f in a.file:
+        name, _, path = f.partition("=")
+        files[name] = (Path(path), None)
     for name, (path, args) in files.items():
         ent = res["files"].get(name, {})
         if args is not None and not path.is_file():
