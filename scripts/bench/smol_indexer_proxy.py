@@ -14,6 +14,8 @@ given split) from the same initial weights and scores it on the held-out chunk, 
     python3 scripts/bench/smol_indexer_proxy.py --model /tmp/smol --calib ../shared/data/calib/books-calib.txt \
         --layers 3,15,25 --recipes 'h4d64s400,h16d64s400,h4d64s1600'
 A recipe is h<heads>d<dim>s<steps>[r<query rows>][sel] (sel: the sparse phase over the selected keys).
+With --indexers (smol_quality.py's saved .npz parts) nothing is trained: the given indexers are scored in every
+listed layer (--layers all: every layer), beside the local-only selection of the same budget.
 """
 from __future__ import annotations
 
@@ -68,10 +70,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--indexers", type=Path, nargs="*", default=None, help="score these trained indexers instead")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = RefModel.from_hf(a.model)
-    layers = sorted(int(x) for x in a.layers.split(","))
+    layers = list(range(model.hp.n_layer)) if a.layers == "all" else sorted(int(x) for x in a.layers.split(","))
+    trained = None
+    if a.indexers:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from smol_quality import load_indexers
+        trained = load_indexers(*a.indexers)[0]
     tokens = calib_chunks(a.calib, a.model, a.ctx, a.train_chunks + 1)
     pos = torch.arange(a.ctx)
     h = torch.stack([model.embed(t) for t in tokens])
@@ -85,6 +93,19 @@ def main() -> None:
                 h = torch.stack([model.layer(il, hh, pos) for hh in h])
     del h
     hp = model.hp
+    if trained is not None:
+        for il in layers:
+            held = datas[il][1]
+            kept, orc = kept_mass(held, trained[il], a.top_k, a.sink, a.local, a.rows)
+            loc = kept_mass(held, trained[il], a.top_k, a.sink, a.top_k - a.sink, a.rows)[0]
+            d = {"indexers": [str(p) for p in a.indexers], "layer": il, "kept": kept, "oracle_kept": orc,
+                 "local_kept": loc, "missed_ratio": (1 - kept) / max(1e-9, 1 - orc), "ctx": a.ctx,
+                 "top_k": a.top_k, "sink": a.sink, "local": a.local}
+            print(json.dumps(d), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(d) + "\n")
+        return
     for rs in a.recipes.split(","):
         r = parse_recipe(rs)
         for il in layers:

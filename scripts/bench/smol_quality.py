@@ -16,7 +16,8 @@ A plan (JSON list, --plan FILE or inline) names the jobs, run in order on one lo
     {"name": "R1", "retrofit": {"top_k": 256, "steps": 400, ...}, "evals": [{"sink": 4, "local": 32}, ...]}
         -> run_retrofit (DsaConfig fields; cluster_num None: no ASQ), then the sparse model with the trained
            indexers at the retrofit's split and at each variant of "evals" (split, top_k, dense_top); "save": true
-           keeps them in --save-dir as <name>.npz (float16, parts of <= 15 MiB; smol_write_gguf.py makes a GGUF)
+           keeps them in --save-dir as <name>.npz (float16, parts of <= 15 MiB; smol_write_gguf.py makes a GGUF);
+           "eval": false trains (and saves) only
 
 Every job prints one JSON line (stdout and --out, appended) with ppl, ppl_stderr, kld_mean, same_top_p, the ratio to
 dense, seconds and the retrofit report's timings.
@@ -189,6 +190,10 @@ def retrofit_job(model, model_dir: Path, ev: Evaluator, job: dict, calib: Path, 
     if job.get("save"):
         save_indexers(out_dir / f"{job['name']}.npz", idx, {"sink": sink, "local": local, "top_k": cfg.top_k,
                                                             "index_heads": cfg.index_heads, "index_dim": cfg.index_dim})
+    if not job.get("eval", True):   # train (and save) only: e.g. to evaluate the GGUF through llama.cpp instead
+        emit({"name": job["name"], "attn": "sparse", "top_k": cfg.top_k, "sink": sink, "local": local, **info,
+              "recipe": job["retrofit"]})
+        return
     for e in [{"sink": sink, "local": local}] + list(job.get("evals", [])):
         sub = {"attn": "sparse", "top_k": cfg.top_k, "sink": sink, "local": local, **e}
         r = ev.run(attention_hook(model, sub, idx))
