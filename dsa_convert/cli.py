@@ -337,6 +337,8 @@ def quantize(
                                        "the float model's activations (default: on the quantized model's)"),
     act_order: bool = typer.Option(False, "--act-order", help="gptq: round columns in decreasing importance "
                                    "order on a grid fitted up front"),
+    gptq_types: str = typer.Option("all", "--gptq-types", help="gptq: all | k (GPTQ on the K-quant types only; "
+                                   "the 32-weight fallbacks Q5_0 / Q8_0 round to nearest)"),
     threads: Optional[int] = typer.Option(None, help="llama-quantize threads"),
     seed: int = typer.Option(0, help="random seed (token subsets of the searches)"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT"),
@@ -350,7 +352,7 @@ def quantize(
     res = run(QuantOptions(inp, out, method=method, qtype=qtype.lower(), group_size=group_size, calib=calib,
                            samples=samples, seq_len=seq_len, device=device, imatrix=imatrix, force=force,
                            quiet=as_json, clip=not no_clip, threads=threads, seed=seed, damp=damp,
-                           sequential=not no_sequential, act_order=act_order))
+                           sequential=not no_sequential, act_order=act_order, gptq_types=gptq_types))
     if as_json:
         emit_json(res)
     else:

@@ -22,6 +22,9 @@ from .qformat import use_more_bits
 OWN_METHODS = ("gptq", "search")
 _FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
 HEAD = ("output.weight",)
+# --gptq-types: the types GPTQ rounds (the others round to nearest on the same search): every type, or the K-quants
+# only (not the 32-weight Q5_0 / Q8_0 that rows not a multiple of 256 fall back to)
+GPTQ_TYPES = {"all": (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0, QT.Q8_0), "k": (QT.Q4_K, QT.Q5_K, QT.Q6_K)}
 
 
 def fallback(qt: QT, n: int) -> QT:
@@ -58,7 +61,7 @@ def hessians(caps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def encode(w: np.ndarray, qt: QT, method: str, H: torch.Tensor | None, n_tokens: int,
-           damp: float = 0.01, act_order: bool = False) -> np.ndarray:
+           damp: float = 0.01, act_order: bool = False, gptq_types: str = "all") -> np.ndarray:
     """float32 w [rows, n] → the bytes of type qt: importance-weighted search (imatrix = diag(H)/n_tokens), then
     round to nearest (search) or GPTQ (gptq). Types without a grid here (F16, Q5_1) are written by gguf-py."""
     w = np.ascontiguousarray(w, dtype=np.float32)
@@ -66,7 +69,7 @@ def encode(w: np.ndarray, qt: QT, method: str, H: torch.Tensor | None, n_tokens:
         from ..formats.tensor_plan import encode as ref_encode
         return ref_encode(w, qt)
     imp = None if H is None else (torch.diag(H) / max(1, n_tokens)).float().numpy()
-    if method == "gptq" and H is not None:
+    if method == "gptq" and H is not None and qt in GPTQ_TYPES[gptq_types]:
         grid, q = gptq.quantize(w, qt, H, imp, damp=damp, act_order=act_order)
     else:
         grid = kq_search.fit(qt, w, imp)
@@ -81,7 +84,7 @@ def dequantize(b: np.ndarray, qt: QT, shape: tuple[int, int]) -> np.ndarray:
 
 
 def encode_block(blk, il: int, h: torch.Tensor, lin_type, method: str, damp: float,
-                 sequential: bool = True, act_order: bool = False) -> tuple[dict[str, np.ndarray], torch.Tensor]:
+                 sequential: bool = True, act_order: bool = False, gptq_types: str = "all") -> tuple[dict[str, np.ndarray], torch.Tensor]:
     """Every linear of block il encoded ({weight name: bytes}) from the block input h [N, L, d]; returns them and
     the block's output. sequential (GPTQ's "true sequential"): each linear's Hessian is taken on inputs that the
     block's already quantized linears produced (q/k/v → o → gate/up → down) and the output is the quantized
@@ -99,7 +102,7 @@ def encode_block(blk, il: int, h: torch.Tensor, lin_type, method: str, damp: flo
             name = f"blk.{il}.{n}.weight"
             w = blk.w[n].cpu().numpy()
             qt = lin_type(name, w.shape)
-            out[name] = encode(w, qt, method, H, n_tok, damp, act_order)
+            out[name] = encode(w, qt, method, H, n_tok, damp, act_order, gptq_types)
             if sequential:
                 blk.w[n] = torch.from_numpy(dequantize(out[name], qt, w.shape)).to(blk.w[n].device)
     x = rms_norm(h, blk.w["attn_norm"], hp.rms_eps)

@@ -81,6 +81,7 @@ class QuantOptions:
     # own K-quant writer: the next block calibrates on the quantized block's output (GPTQ's sequential mode)
     sequential: bool = True
     act_order: bool = False           # --method gptq: columns in decreasing-importance order on a fixed grid
+    gptq_types: str = "all"           # --method gptq: the types GPTQ rounds (kq_writer.GPTQ_TYPES)
 
 
 def _device(name: str) -> torch.device:
@@ -125,6 +126,9 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
             raise BadInputError(f"--calib FILE is required for --method {opts.method}")
         if not (0 < opts.damp < 1):
             raise BadInputError(f"--damp must be in (0, 1) (got {opts.damp})")
+        from .kq_writer import GPTQ_TYPES
+        if opts.gptq_types not in GPTQ_TYPES:
+            raise BadInputError(f"unknown --gptq-types {opts.gptq_types!r} (choose from {', '.join(GPTQ_TYPES)})")
     if opts.group_size <= 0 or opts.group_size % 32:
         raise BadInputError(f"--group-size must be a positive multiple of 32 (got {opts.group_size})")
     check_threads(opts.threads)
@@ -218,7 +222,7 @@ class Calibrator:
             from .kq_writer import encode_block
             self.tok_per_block = self.h.shape[0] * self.h.shape[1]
             self.enc, self.h = encode_block(blk, il, self.h, self.lin_type, self.opts.method, self.opts.damp,
-                                            self.opts.sequential, self.opts.act_order)
+                                            self.opts.sequential, self.opts.act_order, self.opts.gptq_types)
         elif self.h is not None:
             h_next, caps = blk.forward_capture(self.h)
             if self.awq:
@@ -349,7 +353,7 @@ def _own_plan(g: GgufFile, cal: Calibrator, opts: QuantOptions) -> list[_Out]:
             def load(name=t.name, qt=qt, head=head):
                 H = cal.head_hessian() if head else None
                 return kq_writer.encode(np.asarray(g.tensor(name), dtype=np.float32), qt, opts.method, H,
-                                        cal.n_tokens, opts.damp, opts.act_order)
+                                        cal.n_tokens, opts.damp, opts.act_order, opts.gptq_types)
             last.append(_Out(t.name, t.shape, qt, load))
         else:
             plan.append(t)
