@@ -4,7 +4,7 @@ estimate of a whole CalibPlan from it (calib.py picks the plan by this estimate 
 The probe runs the retrofit's own operations once on one chunk of random tokens: layer 0's forward as the calibration
 passes run it (attention input, q/k, then the layer), the same layer under sparse attention with an untrained indexer
 (the split search's forwards), the LM head and NLL of the chunk, three indexer training steps, and one k-means fit of an
-ASQ head on the chunk's keys (scaled to the fit's sample count). The estimate multiplies these by the plan's counts (layers, chunks, steps, split candidates, ASQ fits); it
+ASQ head on the chunk's keys (resampled to the fit's sample count). The estimate multiplies these by the plan's counts (layers, chunks, steps, split candidates, ASQ fits); it
 leaves out loading the model and reading the calibration text (measured before the plan, reported apart).
 """
 from __future__ import annotations
@@ -106,13 +106,16 @@ def probe(model, ctx: int, query_rows: int, cfg, dev: str, kmeans_s: float | Non
     steps_s, _ = _timed(lambda: train_layer(data, w, steps=PROBE_STEPS, **kw), dev)
     if kmeans_s is None:
         kmeans_s = 0.0
-        if cfg.cluster_num is not None:         # on layer 0's keys of the probe chunk, scaled to the fit's samples
+        if cfg.cluster_num is not None:         # the fit's size, from layer 0's keys of the probe chunk
             keys = data.k[0, 0].float().cpu()
             kmeans(keys[: cfg.cluster_num * 2], cfg.cluster_num, 0)            # first call: imports, thread pools
-            n = max(cfg.cluster_num * 4, min(keys.shape[0], int(0.8 * cfg.asq_samples)))
+            n = max(cfg.cluster_num * 4, int(0.8 * cfg.asq_samples))           # fit_layer's training share
+            g = torch.Generator().manual_seed(0)
+            idx = torch.randint(keys.shape[0], (n,), generator=g)
+            x = keys[idx] + 0.01 * keys.std() * torch.randn(n, keys.shape[1], generator=g)
             t1 = time.perf_counter()
-            kmeans(keys[:n], cfg.cluster_num, 0)
-            kmeans_s = (time.perf_counter() - t1) * max(1.0, 0.8 * cfg.asq_samples / n)
+            kmeans(x, cfg.cluster_num, 0)
+            kmeans_s = time.perf_counter() - t1
     del data
     return LayerCosts(ctx=ctx, query_rows=query_rows, forward_s=fwd, sparse_s=sparse, head_s=head_s,
                       step_s=steps_s / PROBE_STEPS, kmeans_s=kmeans_s, probe_s=time.perf_counter() - t0)
