@@ -15,7 +15,7 @@ from dsa_convert.dsa.calib import CalibPlan, candidate_contexts, memory_budget, 
 from dsa_convert.errors import BadInputError
 
 KW = dict(ctx=None, calib_tokens=None, calib_chunks=None, split_chunks=None, bytes_per_token=6656, device="cpu",
-          free_bytes=64 << 30, top_k=1024)
+          free_bytes=64 << 30, top_k=512)
 
 
 def _est(per_ctx: dict):
@@ -30,9 +30,9 @@ def _est(per_ctx: dict):
 
 
 def test_candidate_contexts():
-    assert candidate_contexts(8192, 1024, None) == [8192, 4096, 2048]
-    assert candidate_contexts(8192, 256, None) == [8192, 4096, 2048, 1024, 512]
-    assert candidate_contexts(8192, 64, None)[-1] == 256
+    assert candidate_contexts(8192, 1024, None) == [8192, 4096]          # at least 4 x top-k
+    assert candidate_contexts(8192, 256, None) == [8192, 4096, 2048, 1024]
+    assert candidate_contexts(8192, 32, None)[-1] == 256
     assert candidate_contexts(8192, 512, 2048) == [2048]
     assert candidate_contexts(512, 512, None) == [512]            # the model's own, even when top-k leaves no room
 

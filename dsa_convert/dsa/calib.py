@@ -79,10 +79,11 @@ CPU_LONG_STEPS = 300
 CPU_ROW_KEYS = 256 * 8192   # query rows x context per step on a CPU beyond SHORT_CTX
 MIN_QUERY_ROWS = 64
 # the time budget picks among these, per calibration context from the model's own down (halving, while the context
-# holds at least 2 x top-k): "full" and then "light" at each context, "minimal" only at the smallest. light halves the
+# holds at least MIN_CTX_PER_TOP_K x top-k: a top-k trained at half its context picks little): "full" and then "light" at each context, "minimal" only at the smallest. light halves the
 # steps and the calibration text and scores the split coarsely; minimal takes a quarter of both
 RECIPES = {"full": (1, 1), "light": (2, 2), "minimal": (4, 4)}     # name -> (steps divisor, tokens divisor)
 MIN_TRAIN_CHUNKS = 2
+MIN_CTX_PER_TOP_K = 4
 
 
 @dataclass
@@ -150,11 +151,11 @@ def memory_budget(device: str, given: int | None = None, free_bytes: int | None 
 
 def candidate_contexts(model_ctx: int, top_k: int | None, ctx: int | None) -> list[int]:
     """The calibration contexts the plan may choose: the given one, else the model's and its halvings while they hold
-    at least 2 x top-k (and 256 tokens); the model's own always."""
+    at least MIN_CTX_PER_TOP_K x top-k (and 256 tokens); the model's own always."""
     if ctx is not None:
         return [ctx]
     out, c = [model_ctx], model_ctx // 2
-    while c >= max(256, 2 * (top_k or 0)):
+    while c >= max(256, MIN_CTX_PER_TOP_K * (top_k or 0)):
         out.append(c)
         c //= 2
     return out
