@@ -153,3 +153,10 @@ def test_gptq_file_loads_in_llama_cpp_and_keeps_dsa(tiny_dsa, calib_file, tmp_pa
     assert e.returncode == 0, e.stderr
     ev = json.loads(e.stdout)
     assert 0 < ev["kld_mean"] < 1 and ev["kld_base"] == str(src)
+
+
+def test_unknown_gptq_types(tiny_gguf, tmp_path, calib_file):  # noqa: F811
+    out = tmp_path / "o.gguf"
+    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_k_m", "--method", "gptq", "--calib",
+                str(calib_file), "--gptq-types", "q5")
+    assert_clean_failure(r, out, "--gptq-types")
