@@ -332,7 +332,7 @@ def quantize(
                                           "AWQ-consistent), a llama-imatrix GGUF file (rescaled by the AWQ "
                                           "scales), or 'none'"),
     no_clip: bool = typer.Option(False, "--no-clip", help="AWQ scaling only, no clipping search"),
-    damp: float = typer.Option(0.01, help="--method gptq: Hessian damping, a fraction of its mean diagonal"),
+    damp: float = typer.Option(0.1, help="--method gptq: Hessian damping, a fraction of its mean diagonal"),
     no_sequential: bool = typer.Option(False, "--no-sequential", help="gptq / search: calibrate every block on "
                                        "the float model's activations (default: on the quantized model's)"),
     act_order: bool = typer.Option(False, "--act-order", help="gptq: round columns in decreasing importance "

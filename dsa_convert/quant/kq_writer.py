@@ -61,7 +61,7 @@ def hessians(caps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def encode(w: np.ndarray, qt: QT, method: str, H: torch.Tensor | None, n_tokens: int,
-           damp: float = 0.01, act_order: bool = False, gptq_types: str = "all") -> np.ndarray:
+           damp: float = 0.1, act_order: bool = False, gptq_types: str = "all") -> np.ndarray:
     """float32 w [rows, n] → the bytes of type qt: importance-weighted search (imatrix = diag(H)/n_tokens), then
     round to nearest (search) or GPTQ (gptq). Types without a grid here (F16, Q5_1) are written by gguf-py."""
     w = np.ascontiguousarray(w, dtype=np.float32)
