@@ -4,7 +4,6 @@ Q4_K_M type rules, bad input, and an end-to-end file llama.cpp loads."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import gguf
 import numpy as np

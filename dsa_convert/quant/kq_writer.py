@@ -21,7 +21,6 @@ from .qformat import use_more_bits
 
 OWN_METHODS = ("gptq", "search")
 _FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
-HEAD = ("output.weight",)
 # --gptq-types: the types GPTQ rounds (the others round to nearest on the same search): every type, or the K-quants
 # only (not the 32-weight Q5_0 / Q8_0 that rows not a multiple of 256 fall back to)
 GPTQ_TYPES = {"all": (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0, QT.Q8_0), "k": (QT.Q4_K, QT.Q5_K, QT.Q6_K)}
