@@ -159,3 +159,21 @@ def test_unknown_gptq_types(tiny_gguf, tmp_path, calib_file):  # noqa: F811
     r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_k_m", "--method", "gptq", "--calib",
                 str(calib_file), "--gptq-types", "q5")
     assert_clean_failure(r, out, "--gptq-types")
+
+
+@requires_backend
+def test_kld_base_scores_against_another_file(tiny_gguf, calib_file, tmp_path):  # noqa: F811
+    """--kld-base: a byte copy of the file scores KLD 0 and the same top token everywhere; the file itself is
+    refused in one line."""
+    import shutil
+
+    copy = tmp_path / "copy.gguf"
+    shutil.copy(tiny_gguf, copy)
+    e = run_dsa("eval", str(copy), "--ppl", str(calib_file), "--ctx", "64", "--chunks", "2", "--kld-base",
+                str(tiny_gguf), "--json")
+    assert e.returncode == 0, e.stderr
+    ev = json.loads(e.stdout)
+    assert ev["kld_mean"] == 0 and ev["same_top_p"] == 1 and ev["kld_tokens"] == ev["tokens"] == 2 * 31
+    r = run_dsa("eval", str(copy), "--ppl", str(calib_file), "--ctx", "64", "--chunks", "2", "--kld-base", str(copy))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3 and lines[-1].startswith("error: ") and "--kld-base" in lines[-1], r.stderr
