@@ -78,7 +78,7 @@ class QuantOptions:
     seed: int = 0
     threads: int | None = None        # llama-quantize threads
     # --method gptq: Hessian damping, a fraction of its mean diagonal. 0.1 measured better than 0.01 on ref-llama-27m
-    # (mean KLD 0.717x llama.cpp's vs 0.743x) and SmolLM2 (1.032x vs 1.065x): docs/data/quant/RESULTS-draft.md
+    # (mean KLD 0.717x llama.cpp's vs 0.743x) and SmolLM2 (1.032x vs 1.065x): docs/data/quant/runs.md
     damp: float = 0.1
     # own K-quant writer: the next block calibrates on the quantized block's output (GPTQ's sequential mode)
     sequential: bool = True
