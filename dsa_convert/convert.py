@@ -1,6 +1,7 @@
 """`dsa convert`: HF checkpoint -> GGUF (optionally with a DSA indexer and ASQ prototypes)."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,9 @@ def convert(opts: ConvertOptions) -> dict:
 
         with task("DSA retrofit", None, quiet=opts.quiet) as rbar:
             def on_progress(ev: dict) -> None:
+                if "warning" in ev:
+                    print(f"warning: {ev['warning']}", file=sys.stderr, flush=True)
+                    return
                 rbar.advance(0, eta_s=ev.get("eta_s"),
                              info=" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                            for k, v in ev.items() if k not in ("elapsed_s", "eta_s")))

@@ -56,15 +56,15 @@ def test_budget_picks_largest_context_then_recipe():
 def test_budget_too_small_takes_the_cheapest_and_says_so():
     est, calls = _est({8192: 3000, 4096: 1500, 2048: 700})
     p = plan_calibration(model_ctx=8192, time_budget=10, estimator=est, **KW)
-    assert calls[-1] == (2048, "minimal") and (p.ctx, p.level) == (2048, "minimal")
-    assert p.steps == 100 and p.n_train == 8 and "over the time budget" in p.reason
+    assert calls[-1] == (2048, "light") and (p.ctx, p.level) == (2048, "light")
+    assert p.steps == 200 and p.n_train == 16 and "over the time budget" in p.reason
 
 
 def test_given_values_hold_in_every_recipe():
     est, _ = _est({2048: 10_000})
     p = plan_calibration(model_ctx=8192, time_budget=100, estimator=est, **{**KW, "ctx": 2048, "calib_chunks": 5},
                          steps=40, query_rows=32)
-    assert (p.ctx, p.n_train, p.steps, p.query_rows, p.level) == (2048, 5, 40, 32, "minimal")
+    assert (p.ctx, p.n_train, p.steps, p.query_rows, p.level) == (2048, 5, 40, 32, "light")
     assert p.reason.startswith("given") and "options given" in p.recipe
 
 
@@ -161,6 +161,18 @@ def test_convert_json_progress_on_stderr(tiny, calib, tmp_path):
     lines = r.stderr.splitlines()
     assert any(ln.startswith("DSA retrofit:") and "stage=plan" in ln for ln in lines), r.stderr
     assert any(ln.startswith("convert:") and "ETA" in ln for ln in lines), r.stderr
+
+
+def test_convert_over_budget_warns(tiny, calib, tmp_path):
+    out = tmp_path / "o.gguf"
+    r = _dsa("convert", str(tiny), str(out), "--top-k", "24", "--calib-ctx", "96", "--calib-tokens", "288",
+             "--steps", "3", "--query-rows", "16", "--cluster-num", "4", "--calib", str(calib), "--time-budget",
+             "0.01", "--json")
+    assert r.returncode == 0 and out.is_file(), r.stderr[-2000:]
+    cal = json.loads(r.stdout)["dsa"]["calibration"]
+    assert cal["level"] == "light" and "over the time budget" in cal["ctx_source"]
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: ")]
+    assert len(warn) == 1 and "over the 0 s time budget" in warn[0], r.stderr
 
 
 def test_config_without_model_context(tiny, calib, tmp_path):

@@ -79,9 +79,11 @@ CPU_LONG_STEPS = 300
 CPU_ROW_KEYS = 256 * 8192   # query rows x context per step on a CPU beyond SHORT_CTX
 MIN_QUERY_ROWS = 64
 # the time budget picks among these, per calibration context from the model's own down (halving, while the context
-# holds at least MIN_CTX_PER_TOP_K x top-k: a top-k trained at half its context picks little): "full" and then "light" at each context, "minimal" only at the smallest. light halves the
-# steps and the calibration text and scores the split coarsely; minimal takes a quarter of both
-RECIPES = {"full": (1, 1), "light": (2, 2), "minimal": (4, 4)}     # name -> (steps divisor, tokens divisor)
+# holds at least MIN_CTX_PER_TOP_K x top-k: a top-k trained at half its context picks little): "full" and then "light" at
+# each context; light halves the steps and the calibration text and scores the split coarsely. Nothing lighter: a
+# quarter of both ("minimal") cost SmolLM2-135M +11.3 % PPL at 2K against the full recipe's +1.4 % (docs/RESULTS.md
+# §2.3), so over budget the plan runs light at the smallest context and says so
+RECIPES = {"full": (1, 1), "light": (2, 2)}     # name -> (steps divisor, tokens divisor)
 MIN_TRAIN_CHUNKS = 2
 MIN_CTX_PER_TOP_K = 4
 
@@ -101,7 +103,7 @@ class CalibPlan:
     split_search: str = "full"      # full | coarse: the split candidates scored (split.py)
     placement_search: str = "greedy"    # greedy | oneshot: how --index-share's full layers are searched (placement.py)
     recipe: str = "default"         # which defaults applied: "default", "cpu long context", or "given"
-    level: str = "full"             # full | light | minimal (RECIPES): what the time budget allowed
+    level: str = "full"             # full | light (RECIPES): what the time budget allowed
     memory_budget: int = 0          # bytes the calibration activations may take (0: not computed)
     time_budget: float | None = None    # seconds the plan was chosen for (None: no budget)
     estimate: dict = field(default_factory=dict)    # estimated seconds per stage of the chosen plan
@@ -173,7 +175,7 @@ def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks:
     """The calibration context, chunk counts and training recipe. Without a time budget (or estimator): the given
     values, else the model's context and the full recipe, lowered until the activations fit the memory budget (chunks
     first, then the context). With one: the largest context (candidate_contexts) whose full, then light, recipe the
-    estimator says fits ``time_budget`` seconds; else the minimal recipe at the smallest context (over budget: the
+    estimator says fits ``time_budget`` seconds; else the light recipe at the smallest context (over budget: the
     reason says so). Given values (--calib-ctx, --steps, ...) hold in every recipe."""
     mem = memory_budget(device, memory_bytes, free_bytes)
     opts = dict(calib_tokens=calib_tokens, calib_chunks=calib_chunks, split_chunks=split_chunks,
@@ -187,7 +189,7 @@ def plan_calibration(*, ctx: int | None, calib_tokens: int | None, calib_chunks:
             plan.estimate = estimator(plan)
         return plan
     tried: list[dict] = []
-    ladder = [(c, lv) for c in contexts for lv in ("full", "light")] + [(contexts[-1], "minimal")]
+    ladder = [(c, lv) for c in contexts for lv in ("full", "light")]
     best = None
     for c, lv in ladder:
         plan = _plan_at(c, "given" if ctx is not None else "model context", lv, model_ctx=model_ctx,

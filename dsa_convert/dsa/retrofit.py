@@ -318,6 +318,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     eta = _Eta(plan.estimate, sum(1 for _ in _groups(types0)), t_start)
     emit0({"stage": "plan", "ctx": ctx, "level": plan.level, "train_chunks": n_train,
            "estimate_s": plan.estimate.get("total"), "time_budget_s": plan.time_budget})
+    if plan.time_budget and plan.estimate.get("total", 0) > plan.time_budget:
+        emit0({"stage": "plan", "warning": f"the retrofit is estimated at {plan.estimate['total']:.0f} s, over the "
+               f"{plan.time_budget:.0f} s time budget ({plan.reason}); --time-budget sets it"})
     emit = (lambda d: None) if progress is None else (lambda d: progress(eta.event(d, _partial(d))))
 
     def _partial(d: dict) -> float:
