@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kquant import CALIB, REPO, WIKI, sh, tool  # noqa: E402
+from bench_quant import CALIB, REPO, WIKI, sh, tool  # noqa: E402
 
 
 def main() -> None:

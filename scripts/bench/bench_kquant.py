@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -25,29 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("DSA_SHARED", REPO.parent / "shared"))
-WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.raw"
-CALIB = SHARED / "data" / "calib" / "books-calib.txt"
-
-
-def tool(name: str) -> tuple[str, dict]:
-    sys.path.insert(0, str(REPO))
-    from dsa_convert.backend.runtime import tool_path
-
-    p, env = tool_path(name)
-    return str(p), env
-
-
-def sh(cmd: list[str], log: Path, env: dict | None = None) -> float:
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write("$ " + shlex.join(cmd) + "\n")
-        f.flush()
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"failed ({r.returncode}): {shlex.join(cmd)} — see {log}")
-    return round(time.perf_counter() - t0, 1)
+from bench_quant import CALIB, REPO, WIKI, sh, tool  # noqa: E402  (this folder is sys.path[0])
 
 
 _PAT = {"ppl": r"Mean\s+PPL\(Q\)\s*:\s*([\d.]+)", "ppl_base": r"Mean\s+PPL\(base\)\s*:\s*([\d.]+)",
@@ -86,10 +63,10 @@ def main() -> None:
     if not base.is_file():
         exe, env = tool("llama-imatrix")
         res["imatrix_s"] = sh([exe, "-m", str(a.f16), "-f", str(CALIB), "-c", "512", "--chunks", str(a.samples),
-                               "-t", t, "-o", str(imat)], w / "imatrix.log", env)
+                               "-t", t, "-o", str(imat)], w / "imatrix.log", env)["wall_s"]
         exe, env = tool("llama-quantize")
         res["llama_quantize_s"] = sh([exe, "--imatrix", str(imat), str(a.f16), str(base), "Q4_K_M", t],
-                                     w / "quantize-base.log", env)
+                                     w / "quantize-base.log", env)["wall_s"]
     kld = w / "f16.kld"
     ppl_exe, ppl_env = tool("llama-perplexity")
     common = ["-f", str(a.eval), "-c", "512", "-b", "512", "--chunks", str(a.chunks), "-fa", "off", "-t", t]
@@ -123,7 +100,7 @@ def main() -> None:
         res["files"][name] = ent
         res_p.write_text(json.dumps(res, indent=1))
     b = res["files"]["llama.cpp-imatrix-q4km"]
-    print(f"| file | bytes / llama.cpp | PPL | ΔPPL | mean KLD | / llama.cpp | median | p99 | same top % |")
+    print("| file | bytes / llama.cpp | PPL | ΔPPL | mean KLD | / llama.cpp | median | p99 | same top % |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, e in res["files"].items():
         if "kld_mean" not in e:
