@@ -200,7 +200,7 @@ def eval_cmd(
     from .resources import check_threads
     if backend == "torch":
         llama_only = {"--flash-attn / --no-flash-attn": flash_attn, "--n-gpu-layers": n_gpu_layers,
-                      "--threads": threads}
+                      "--threads": threads, "--kld-base": kld_base}
         given = [k for k, v in llama_only.items() if v is not None]
         if given:
             raise BadInputError(f"{given[0]} is an option of --backend llama.cpp (the torch backend uses --device)")
@@ -240,12 +240,8 @@ def eval_cmd(
     elif backend == "torch":
         from .eval.torch_backend import run_torch_eval
 
-        if kld_base is not None:
-            raise BadInputError("--kld-base is an option of --backend llama.cpp")
-
         if index_keys is not None and index_keys.lower() != "f32":
             raise BadInputError("--index-keys is a llama.cpp cache switch; the torch backend (kernels_ref) keeps F32 keys")
-
         res = run_torch_eval(file, text_path, ctx=ctx, chunks=chunks, attn=attn or "dense", kv=kv, top_k=top_k,
                              tokenizer=tokenizer, device=device, seed=seed, quiet=as_json,
                              **({"kld": True} if kld else {}))
@@ -256,18 +252,9 @@ def eval_cmd(
         res.pop("per_chunk_ppl", None)
         emit_json(res)
     else:
-        print(f"PPL = {res['ppl']:.4f} +/- {res['ppl_stderr']:.5f}  ({res['backend']}, {res['device']}, "
-              f"attn={res['attn']}, kv={res['kv']}, top_k={res['top_k']}, ctx={res['ctx']}, "
-              f"{res['tokens']} tokens scored)")
-        if res.get("kv_bytes_per_token"):
-            print(f"KV cache as allocated by llama.cpp: K {res['kv_k_type']} / V {res['kv_v_type']}, "
-                  f"{res['kv_main_bytes'] / res['kv_cells']:.1f} B/token"
-                  + (f" + {res['kv_indexer_bytes'] / res['kv_cells']:.1f} B/token indexer keys" if res["kv_indexer_bytes"] else ""))
-        if "kld_mean" in res:
-            print(f"KLD vs {res.get('kld_base', 'dense')}: mean {res['kld_mean']:.6f} +/- {res['kld_stderr']:.6f}, "
-                  f"median {res['kld_median']:.6f}, p99 {res['kld_p99']:.6f}; "
-                  f"same top token {100 * res['same_top_p']:.2f} +/- "
-                  f"{100 * res['same_top_p_stderr']:.2f} %")
+        from .eval.perplexity_common import summary_lines
+
+        print("\n".join(summary_lines(res)))
 
 
 def _eval_needle(file: Path, task: str, *, backend: str, as_json: bool, **kw) -> None:

@@ -172,3 +172,21 @@ class KldAccumulator:
                 "kld_median": float(np.median(k)), "kld_p99": float(np.percentile(k, 99)), "kld_max": float(k.max()),
                 "same_top_p": top, "same_top_p_stderr": math.sqrt(top * (1 - top) / n),
                 "delta_p_mean": float(dp.mean()), "delta_p_rms": float(np.sqrt((dp ** 2).mean())), "kld_tokens": n}
+
+
+def summary_lines(res: dict) -> list[str]:
+    """The text form of a perplexity result (`dsa eval --ppl` without --json): PPL, the KV cache llama.cpp allocated,
+    and the KL divergence figures when the run has them."""
+    out = [f"PPL = {res['ppl']:.4f} +/- {res['ppl_stderr']:.5f}  ({res['backend']}, {res['device']}, "
+           f"attn={res['attn']}, kv={res['kv']}, top_k={res['top_k']}, ctx={res['ctx']}, "
+           f"{res['tokens']} tokens scored)"]
+    if res.get("kv_bytes_per_token"):
+        out.append(f"KV cache as allocated by llama.cpp: K {res['kv_k_type']} / V {res['kv_v_type']}, "
+                   f"{res['kv_main_bytes'] / res['kv_cells']:.1f} B/token"
+                   + (f" + {res['kv_indexer_bytes'] / res['kv_cells']:.1f} B/token indexer keys"
+                      if res["kv_indexer_bytes"] else ""))
+    if "kld_mean" in res:
+        out.append(f"KLD vs {res.get('kld_base', 'dense')}: mean {res['kld_mean']:.6f} +/- {res['kld_stderr']:.6f}, "
+                   f"median {res['kld_median']:.6f}, p99 {res['kld_p99']:.6f}; "
+                   f"same top token {100 * res['same_top_p']:.2f} +/- {100 * res['same_top_p_stderr']:.2f} %")
+    return out

@@ -50,19 +50,21 @@ COMMANDS: dict[str, Command] = {
         Option("--sink"), Option("--local"), Option("--select"), Option("--block-size"), Option("--residual-bits"),
         Option("--calib", PATH), Option("--calib-ctx"), Option("--calib-tokens"), Option("--steps"),
         Option("--query-rows"), Option("--split-search"), Option("--placement-search"), Option("--device"),
-        Option("--seed"), Option("--allow-eval-calib", SWITCH)),
+        Option("--seed"), Option("--allow-eval-calib", SWITCH), Option("--time-budget"), Option("--memory-budget")),
     "quantize": _command(
         "quantize", ("IN", "OUT"),
         Option("--method"), Option("--type"), Option("--group-size"), Option("--calib", PATH), Option("--samples"),
         Option("--seq-len"), Option("--device"), Option("--imatrix"), Option("--no-clip", SWITCH),
-        Option("--threads"), Option("--seed")),
+        Option("--threads"), Option("--seed"), Option("--damp"), Option("--no-sequential", SWITCH),
+        Option("--act-order", SWITCH), Option("--gptq-types")),
     "eval": _command(
         "eval", ("FILE",),
         Option("--ppl"), Option("--needle"), Option("--backend"), Option("--attn"), Option("--kv"),
         Option("--index-keys"), Option("--ctx"), Option("--chunks"), Option("--top-k"), Option("--data", PATH),
         Option("--download", SWITCH), Option("--n-gpu-layers"), Option("--threads"),
         Option("--flash-attn", SWITCH, "--no-flash-attn"),
-        Option("--tokenizer", PATH), Option("--device"), Option("--seed"), Option("--kld", SWITCH), Option("--lengths"),
+        Option("--tokenizer", PATH), Option("--device"), Option("--seed"), Option("--kld", SWITCH),
+        Option("--kld-base", PATH), Option("--lengths"),
         Option("--depths"), Option("--trials"), Option("--filler"), Option("--max-new"), Option("--plot", PATH)),
 }
 
