@@ -300,11 +300,12 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         model = model or RefModel.from_hf(Path(model_dir), device=dev)
     hp = model.hp
     group = 1 if cfg.searches_placement else cfg.index_share
+    # the layers trained: every layer when the placement is searched afterwards (each on its own target)
+    types = [True] * hp.n_layer if cfg.searches_placement else cfg.indexer_types(hp.n_layer)
     emit0 = progress or (lambda d: None)
     emit0({"stage": "plan", "time_budget_s": cfg.time_budget})
     with clock("plan"):
-        plan, probes = _planned(model, cfg, dev, group, [True] * hp.n_layer if cfg.searches_placement
-                                else cfg.indexer_types(hp.n_layer))
+        plan, probes = _planned(model, cfg, dev, group, types)
     ctx, n_train, n_held = plan.ctx, plan.n_train, plan.n_held
     if cfg.top_k >= ctx:
         raise BadInputError(f"--top-k {cfg.top_k} must be smaller than the calibration context {ctx} "
@@ -314,8 +315,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     with clock("load"):
         tokens = calib_chunks(cfg.calib, Path(model_dir), ctx, n_train + n_held)
     pos = torch.arange(ctx, device=model.device)
-    types0 = [True] * hp.n_layer if cfg.searches_placement else cfg.indexer_types(hp.n_layer)
-    eta = _Eta(plan.estimate, sum(1 for _ in _groups(types0)), t_start)
+    eta = _Eta(plan.estimate, sum(1 for _ in _groups(types)), t_start)
     emit0({"stage": "plan", "ctx": ctx, "level": plan.level, "train_chunks": n_train,
            "estimate_s": plan.estimate.get("total"), "time_budget_s": plan.time_budget})
     if plan.time_budget and plan.estimate.get("total", 0) > plan.time_budget:
@@ -331,8 +331,6 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
     user_split = cfg.sink is not None and cfg.local is not None
     sparse_steps = plan.sparse_steps
     log = {il: TrainLog() for il in range(hp.n_layer)}
-    # the layers trained: every layer when the placement is searched afterwards (each on its own target)
-    types = [True] * hp.n_layer if cfg.searches_placement else cfg.indexer_types(hp.n_layer)
     indexers: dict[int, IndexerWeights] = {}
     asq_layers: list[LayerAsq] = []
     rep: dict = {"config": cfg.to_dict(), "ctx": ctx, "device": dev, "freq_base": hp.rope.base,
