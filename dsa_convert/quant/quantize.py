@@ -271,12 +271,9 @@ class Calibrator:
             from ..kernels_ref.model import rms_norm
             from .kq_writer import hessians
             self.layer(self.m.hp.n_layer - 1)
-            x = rms_norm(self.h, self._t_norm(), self.m.hp.rms_eps)
+            x = rms_norm(self.h, self.m.w("output_norm.weight").float().to(self.h.device), self.m.hp.rms_eps)
             self._head_h = hessians({"head": x})["head"]
         return self._head_h
-
-    def _t_norm(self) -> torch.Tensor:
-        return torch.from_numpy(np.array(self.g.tensor("output_norm.weight"), dtype=np.float32)).to(self.device)
 
     def _block_mse(self, blk: Block, caps: dict[str, torch.Tensor]) -> float:
         """MSE of the block's residual update with all 7 linears fake-quantized (first sequences)."""
