@@ -15,7 +15,7 @@ from test_convert_errors import assert_clean_failure, run_dsa
 from test_quantize import calib_file, tiny_dsa, tiny_gguf  # noqa: F401  (module fixtures)
 
 QT = gguf.GGMLQuantizationType
-TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0, QT.Q8_0]
+TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
 
 
 def _weights(rows=24, n=512, seed=0):
@@ -40,7 +40,8 @@ def test_pack_is_what_gguf_dequantizes(qt, weighted):
     assert b.shape == (w.shape[0], kq_pack.row_bytes(qt, w.shape[1]))
     assert np.array_equal(gguf.quants.dequantize(b, qt), g.values(q))
     err = ((g.values(q) - w) ** 2).mean() / (w ** 2).mean()
-    assert err < {QT.Q4_K: 0.02, QT.Q5_K: 0.005, QT.Q6_K: 0.002, QT.Q5_0: 0.01, QT.Q8_0: 1e-4}[qt]
+    assert err < {QT.Q4_K: 0.02, QT.Q5_K: 0.005, QT.Q6_K: 0.002, QT.Q4_0: 0.02, QT.Q4_1: 0.02, QT.Q5_0: 0.01,
+                  QT.Q5_1: 0.005, QT.Q8_0: 1e-4}[qt]
 
 
 def test_pack_refuses_codes_off_the_grid():
@@ -62,7 +63,7 @@ def _ggml():
 
 
 @requires_backend
-@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0])
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1])
 def test_search_matches_ggml(qt):
     """The numpy search reproduces ggml's imatrix quantizer: (nearly) the same bytes, the same weighted error."""
     ggml_q = _ggml()

@@ -1,5 +1,6 @@
 """Packing of llama.cpp's stock block types in numpy: a Grid (kq_search) and integer codes → the GGUF byte layout
-of Q4_K, Q5_K, Q6_K, Q5_0 and Q8_0 (ggml-common.h's block_* structs, row-major, blocks along the row).
+of Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (ggml-common.h's block_* structs, row-major, blocks along
+the row).
 
 gguf-py's `gguf.quants.dequantize` reads these bytes back; tests check that it returns exactly Grid.values(codes).
 """
@@ -54,12 +55,16 @@ def pack(grid: Grid, q: np.ndarray) -> np.ndarray:
               | ((L[:, :, 3] >> 4) << 6)).reshape(nb, 64)
         sc = nat["ls"].reshape(nb, 16).astype(np.int8).view(np.uint8)
         blocks = np.concatenate([ql, qh, sc, _f16_bytes(nat["d"])], 1)
-    elif qt == QT.Q5_0:
+    elif qt in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1):       # block_q{4,5}_{0,1}: d [, m] [, qh[4]], qs[16]
         nb = r * n // 32
-        L = (q.reshape(nb, 32).astype(np.int16) + 16).astype(np.uint8)
+        L = (q.reshape(nb, 32).astype(np.int16) - grid.lo).astype(np.uint8)   # stored codes, from 0
         qs = (L[:, :16] & 0xF) | ((L[:, 16:] & 0xF) << 4)
-        qh = np.packbits(L >> 4, axis=-1, bitorder="little").reshape(nb, 4)
-        blocks = np.concatenate([_f16_bytes(nat["d"]), qh, qs], 1)
+        parts = [_f16_bytes(nat["d"])]
+        if qt in (QT.Q4_1, QT.Q5_1):
+            parts.append(_f16_bytes(nat["m"]))
+        if qt in (QT.Q5_0, QT.Q5_1):
+            parts.append(np.packbits(L >> 4, axis=-1, bitorder="little").reshape(nb, 4))
+        blocks = np.concatenate([*parts, qs], 1)
     elif qt == QT.Q8_0:
         nb = r * n // 32
         blocks = np.concatenate([_f16_bytes(nat["d"]), q.reshape(nb, 32).astype(np.int8).view(np.uint8)], 1)

@@ -47,7 +47,8 @@ class Grid:
         return (self.s[..., None] * q.reshape(r, -1, self.group).astype(F32) + self.b[..., None]).reshape(r, n)
 
 
-BLOCK = {QT.Q4_K: QK_K, QT.Q5_K: QK_K, QT.Q6_K: QK_K, QT.Q5_0: 32, QT.Q8_0: 32}
+BLOCK = {QT.Q4_K: QK_K, QT.Q5_K: QK_K, QT.Q6_K: QK_K, QT.Q4_0: 32, QT.Q4_1: 32, QT.Q5_0: 32, QT.Q5_1: 32,
+         QT.Q8_0: 32}
 SUPPORTED = tuple(BLOCK)
 
 
@@ -162,16 +163,29 @@ def fit(qtype: QT, w: np.ndarray, imp: np.ndarray | None = None, sigma2: np.ndar
         return _fit_k_asym(qtype, w, imp, 15 if qtype == QT.Q4_K else 31)
     if qtype == QT.Q6_K:
         return _fit_q6_k(w, imp)
-    if qtype == QT.Q5_0:
+    if qtype in (QT.Q4_0, QT.Q5_0):          # symmetric: value = d·q, q in [-nmax, nmax-1]
+        nmax = 8 if qtype == QT.Q4_0 else 16
         x = w.reshape(r, -1, 32)
-        if imp is None:       # ggml's reference: d = max / -16 (signed max)
+        if imp is None:       # ggml's reference: d = signed max / -nmax
             idx = np.abs(x).argmax(-1)[..., None]
-            d = _fp16(np.take_along_axis(x, idx, -1)[..., 0] / -16)
-        else:
+            d = _fp16(np.take_along_axis(x, idx, -1)[..., 0] / -nmax)
+        else:                 # quantize_row_q{4,5}_0_impl: make_qx_quants with weights imp·sqrt(σ² + x²)
             s2 = (w * w).mean(1) if sigma2 is None else sigma2
             wt = imp.reshape(1, -1, 32).astype(F32) * np.sqrt(s2[:, None, None] + x * x)
-            d = _fp16(make_qx(x.reshape(-1, 32), 16, wt.reshape(-1, 32)).reshape(r, -1))
-        return Grid(qtype, 32, -16, 15, d, np.zeros_like(d), {"d": d})
+            d = _fp16(make_qx(x.reshape(-1, 32), nmax, wt.reshape(-1, 32)).reshape(r, -1))
+        return Grid(qtype, 32, -nmax, nmax - 1, d, np.zeros_like(d), {"d": d})
+    if qtype in (QT.Q4_1, QT.Q5_1):          # asymmetric: value = d·q + m, q in [0, nmax]
+        nmax = 15 if qtype == QT.Q4_1 else 31
+        x = w.reshape(r, -1, 32)
+        if imp is None:       # ggml's reference: the block's min and (max - min) / nmax
+            mn = x.min(-1)
+            d, m = _fp16((x.max(-1) - mn) / nmax), _fp16(mn)
+        else:                 # quantize_row_q{4,5}_1_impl: make_qkx3_quants with weights imp·sqrt(σ² + x²)
+            s2 = (w * w).mean(1) if sigma2 is None else sigma2
+            wt = imp.reshape(1, -1, 32).astype(F32) * np.sqrt(s2[:, None, None] + x * x)
+            sc, the_min = make_qkx3(x.reshape(-1, 32), wt.reshape(-1, 32), nmax)
+            d, m = _fp16(sc.reshape(r, -1)), _fp16(-the_min.reshape(r, -1))
+        return Grid(qtype, 32, 0, nmax, d, m, {"d": d, "m": m})
     if qtype == QT.Q8_0:
         d = _fp16(np.abs(w.reshape(r, -1, 32)).max(-1) / 127)
         return Grid(qtype, 32, -128, 127, d, np.zeros_like(d), {"d": d})
