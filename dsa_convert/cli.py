@@ -303,10 +303,9 @@ def inspect(
 def quantize(
     inp: Path = typer.Argument(..., help="input GGUF (F16/F32/BF16 linear weights)"),
     out: Path = typer.Argument(..., help="output .gguf"),
-    method: str = typer.Option("auto", help="auto | awq | rtn (round-to-nearest) | gptq | search. auto: awq for "
-                                            "q4_0/q4_1; for q4_k_m rtn + --imatrix auto (measured better, RESULTS "
-                                            "§4). gptq / search (q4_k_m): the project's own K-quant writer, GPTQ or "
-                                            "round-to-nearest on its importance-weighted scale search"),
+    method: str = typer.Option("auto", help="auto | awq | rtn | gptq | search | mix. auto: awq for q4_0/q4_1, for "
+                               "q4_k_m rtn + --imatrix auto (RESULTS §4). gptq / search / mix (q4_k_m): the own K-quant "
+                               "writer (GPTQ / round to nearest; mix: a type per tensor under --size-budget)"),
     qtype: str = typer.Option("q4_0", "--type", help="q4_0 | q4_1 | q4_k_m (K-quants via llama.cpp's quantizer)"),
     group_size: Optional[int] = typer.Option(None, help="clipping groups (multiple of 32); default 32 for q4_0/q4_1 "
                                                         "(one ggml block, measured best), 128 for q4_k_m"),
@@ -322,10 +321,10 @@ def quantize(
     damp: float = typer.Option(0.1, help="--method gptq: Hessian damping, a fraction of its mean diagonal"),
     no_sequential: bool = typer.Option(False, "--no-sequential", help="gptq / search: calibrate every block on "
                                        "the float model's activations (default: on the quantized model's)"),
-    act_order: bool = typer.Option(False, "--act-order", help="gptq: round columns in decreasing importance "
-                                   "order on a grid fitted up front"),
-    gptq_types: str = typer.Option("all", "--gptq-types", help="gptq: all | k (GPTQ on the K-quant types only; "
-                                   "the 32-weight fallbacks Q5_0 / Q8_0 round to nearest)"),
+    act_order: bool = typer.Option(False, "--act-order", help="gptq: columns by decreasing importance, grid fitted first"),
+    gptq_types: str = typer.Option("all", "--gptq-types", help="gptq: all | k (the 32-weight fallbacks round to nearest)"),
+    size_budget: Optional[str] = typer.Option(None, help="mix: BYTES (100MB, 96MiB) or BPW (4.9bpw) of tensor data; "
+                                              "default: llama.cpp's Q4_K_M mix of the model"),
     threads: Optional[int] = typer.Option(None, help="llama-quantize threads"),
     seed: int = typer.Option(0, help="random seed (token subsets of the searches)"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT"),
@@ -339,7 +338,8 @@ def quantize(
     res = run(QuantOptions(inp, out, method=method, qtype=qtype.lower(), group_size=group_size, calib=calib,
                            samples=samples, seq_len=seq_len, device=device, imatrix=imatrix, force=force,
                            quiet=as_json, clip=not no_clip, threads=threads, seed=seed, damp=damp,
-                           sequential=not no_sequential, act_order=act_order, gptq_types=gptq_types))
+                           sequential=not no_sequential, act_order=act_order, gptq_types=gptq_types,
+                           size_budget=size_budget))
     if as_json:
         emit_json(res)
     else:

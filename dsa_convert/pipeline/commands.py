@@ -56,7 +56,7 @@ COMMANDS: dict[str, Command] = {
         Option("--method"), Option("--type"), Option("--group-size"), Option("--calib", PATH), Option("--samples"),
         Option("--seq-len"), Option("--device"), Option("--imatrix"), Option("--no-clip", SWITCH),
         Option("--threads"), Option("--seed"), Option("--damp"), Option("--no-sequential", SWITCH),
-        Option("--act-order", SWITCH), Option("--gptq-types")),
+        Option("--act-order", SWITCH), Option("--gptq-types"), Option("--size-budget")),
     "eval": _command(
         "eval", ("FILE",),
         Option("--ppl"), Option("--needle"), Option("--backend"), Option("--attn"), Option("--kv"),

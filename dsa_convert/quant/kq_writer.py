@@ -19,11 +19,12 @@ from . import gptq, kq_pack, kq_search
 from .kq_search import QT
 from .qformat import use_more_bits
 
-OWN_METHODS = ("gptq", "search")
+OWN_METHODS = ("gptq", "search", "mix")      # mix: kq_alloc
 _FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
 # --gptq-types: the types GPTQ rounds (the others round to nearest on the same search): every type, or the K-quants
 # only (not the 32-weight Q5_0 / Q8_0 that rows not a multiple of 256 fall back to)
-GPTQ_TYPES = {"all": (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0, QT.Q8_0), "k": (QT.Q4_K, QT.Q5_K, QT.Q6_K)}
+GPTQ_TYPES = {"all": (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0),
+              "k": (QT.Q4_K, QT.Q5_K, QT.Q6_K)}
 
 
 def fallback(qt: QT, n: int) -> QT:
@@ -82,28 +83,36 @@ def dequantize(b: np.ndarray, qt: QT, shape: tuple[int, int]) -> np.ndarray:
     return gguf.quants.dequantize(b, qt).reshape(shape)
 
 
-def encode_block(blk, il: int, h: torch.Tensor, lin_type, method: str, damp: float,
-                 sequential: bool = True, act_order: bool = False, gptq_types: str = "all") -> tuple[dict[str, np.ndarray], torch.Tensor]:
-    """Every linear of block il encoded ({weight name: bytes}) from the block input h [N, L, d]; returns them and
-    the block's output. sequential (GPTQ's "true sequential"): each linear's Hessian is taken on inputs that the
-    block's already quantized linears produced (q/k/v → o → gate/up → down) and the output is the quantized
-    block's, so the next block calibrates on the quantized model; one forward pass. Otherwise all Hessians come
-    from the float block and the output is the float block's."""
+def fixed_type_encoder(lin_type, store: dict, method: str, damp: float, act_order: bool = False,
+                       gptq_types: str = "all"):
+    """encode_block's encode_linear for --method gptq|search: llama.cpp's type of each linear (lin_type(name,
+    shape)); the bytes go to store[name], the dequantized weights are what the block continues with."""
+    def encode_linear(name: str, w: np.ndarray, H: torch.Tensor, n_tok: int) -> np.ndarray:
+        qt = lin_type(name, w.shape)
+        store[name] = encode(w, qt, method, H, n_tok, damp, act_order, gptq_types)
+        return dequantize(store[name], qt, w.shape)
+    return encode_linear
+
+
+def encode_block(blk, il: int, h: torch.Tensor, encode_linear, sequential: bool = True) -> torch.Tensor:
+    """Every linear of block il encoded from the block input h [N, L, d] by encode_linear(name, w, H, n_tokens)
+    (w float32 [out, in], H = Σ xxᵀ of its input), which returns the dequantized weights; returns the block's
+    output. sequential (GPTQ's "true sequential"): each linear's Hessian is taken on inputs that the block's
+    already quantized linears produced (q/k/v → o → gate/up → down) and the output is the quantized block's, so
+    the next block calibrates on the quantized model; one forward pass. Otherwise all Hessians come from the
+    float block and the output is the float block's."""
     from ..kernels_ref.model import rms_norm
 
     hp = blk.hp
-    out: dict[str, np.ndarray] = {}
     n_tok = h.shape[0] * h.shape[1]
 
     def enc(names, x):
         H = hessians({"x": x})["x"]
         for n in names:
-            name = f"blk.{il}.{n}.weight"
             w = blk.w[n].cpu().numpy()
-            qt = lin_type(name, w.shape)
-            out[name] = encode(w, qt, method, H, n_tok, damp, act_order, gptq_types)
+            wq = encode_linear(f"blk.{il}.{n}.weight", w, H, n_tok)
             if sequential:
-                blk.w[n] = torch.from_numpy(dequantize(out[name], qt, w.shape)).to(blk.w[n].device)
+                blk.w[n] = torch.from_numpy(np.ascontiguousarray(wq, dtype=np.float32)).to(blk.w[n].device)
     x = rms_norm(h, blk.w["attn_norm"], hp.rms_eps)
     enc(("attn_q", "attn_k", "attn_v"), x)
     o = blk.attn_core(x)          # with the quantized q/k/v when sequential (blk.w then holds them)
@@ -116,4 +125,4 @@ def encode_block(blk, il: int, h: torch.Tensor, lin_type, method: str, damp: flo
     m = blk.mlp_inner(y)
     del y
     enc(("ffn_down",), m)
-    return out, h + blk.lin(m, "ffn_down")
+    return h + blk.lin(m, "ffn_down")

@@ -84,6 +84,7 @@ class QuantOptions:
     sequential: bool = True
     act_order: bool = False           # --method gptq: columns in decreasing-importance order on a fixed grid
     gptq_types: str = "all"           # --method gptq: the types GPTQ rounds (kq_writer.GPTQ_TYPES)
+    size_budget: str | None = None    # --method mix: BYTES or BPW of tensor data (None: llama.cpp's Q4_K_M mix)
 
 
 def _device(name: str) -> torch.device:
@@ -164,6 +165,11 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
             raise BadInputError(f"imatrix file not found: {opts.imatrix}")
     if opts.imatrix == "auto" and opts.method != "awq" and not fmt.via_llama_cpp:
         raise BadInputError(f"--imatrix auto for {opts.qtype} needs --method awq")
+    if opts.size_budget is not None and opts.method != "mix":
+        raise BadInputError("--size-budget applies to --method mix (per-tensor types under a size budget)")
+    if opts.method == "mix":                     # a budget no type mix can meet: refused before any work
+        from .kq_alloc import budget_of
+        budget_of(g, opts, _own_plan(g, None, opts), set(_linear_names(g, n_layer)))
     return fmt, g
 
 
@@ -184,7 +190,8 @@ class Calibrator:
         self.own = opts.method in OWN_METHODS
         self._head_h: torch.Tensor | None = None
         self.enc: dict[str, np.ndarray] = {}          # the current block's encoded linears (own K-quant writer)
-        self.lin_type = None                           # name, shape -> QT (own K-quant writer)
+        self.encode_linear = None                      # own K-quant writer: (name, w, H, n_tokens) -> dequantized w
+        self.after_block, self.gain_seqs = None, 0     # --method mix: (blk, il, first block inputs) after a block
         self.next, self.cur_il, self.cur = 0, -1, {}
         self.report: list[dict] = []
         self.imatrix: dict[str, np.ndarray] = {}       # weight name -> Σ x² over tokens (scaled inputs)
@@ -223,8 +230,11 @@ class Calibrator:
         if self.h is not None and self.own:     # own K-quant writer: calibrate and encode in one pass
             from .kq_writer import encode_block
             self.tok_per_block = self.h.shape[0] * self.h.shape[1]
-            self.enc, self.h = encode_block(blk, il, self.h, self.lin_type, self.opts.method, self.opts.damp,
-                                            self.opts.sequential, self.opts.act_order, self.opts.gptq_types)
+            self.enc.clear()
+            h_in = self.h[:self.gain_seqs]
+            self.h = encode_block(blk, il, self.h, self.encode_linear, self.opts.sequential)
+            if self.after_block is not None:      # --method mix: the block gains (kq_alloc)
+                self.after_block(blk, il, h_in)
         elif self.h is not None:
             h_next, caps = blk.forward_capture(self.h)
             if self.awq:
@@ -341,7 +351,9 @@ def _own_plan(g: GgufFile, cal: Calibrator, opts: QuantOptions) -> list[_Out]:
 
     def lin_encode(name, a, qt):
         return cal.enc[name]
-    cal.lin_type = lin_qtype
+    if cal is not None:
+        cal.encode_linear = kq_writer.fixed_type_encoder(lin_qtype, cal.enc, opts.method, opts.damp, opts.act_order,
+                                                         opts.gptq_types)
 
     plan, last = [], []
     for t in _plan(g, cal, lin_qtype, lin_encode):
@@ -502,7 +514,16 @@ def quantize(opts: QuantOptions) -> dict:
                     "group_size": opts.group_size, "device": str(device), "layers": n_layer}
     with task(f"quantize ({opts.method})", n_layer, quiet=opts.quiet) as bar, atomic_output(opts.out) as tmp:
         cal = Calibrator(m, g, tokens, opts, fmt, device, want_imatrix, bar if need_calib else None)
-        if own:
+        if opts.method == "mix":
+            from .kq_alloc import Spill, mix_plan
+            spill = Spill(tmp)
+            try:
+                plan, result["mix"] = mix_plan(g, cal, opts, spill, _own_plan(g, cal, opts),
+                                               set(_linear_names(g, n_layer)), _Out)
+                _write(tmp, g, plan, kv, gguf.LlamaFileType.MOSTLY_Q4_K_M)
+            finally:
+                spill.close()
+        elif own:
             _write(tmp, g, _own_plan(g, cal, opts), kv, gguf.LlamaFileType.MOSTLY_Q4_K_M)
         elif fmt.via_llama_cpp:
             def lin_qtype(name, shape):
