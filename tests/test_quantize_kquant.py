@@ -178,3 +178,117 @@ def test_kld_base_scores_against_another_file(tiny_gguf, calib_file, tmp_path): 
     r = run_dsa("eval", str(copy), "--ppl", str(calib_file), "--ctx", "64", "--chunks", "2", "--kld-base", str(copy))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 3 and lines[-1].startswith("error: ") and "--kld-base" in lines[-1], r.stderr
+
+
+# ---------------------------------------------------------------- --method mix (kq_alloc)
+def _slot(name, pts, ref=QT.Q4_K):
+    from dsa_convert.quant.kq_alloc import Cand, Slot
+
+    s = Slot(name, (8, 256), ref, [Cand(qt, b, e, "search") for qt, b, e in pts])
+    s.set_gain(1.0)
+    return s
+
+
+def test_allocator_obeys_the_budget_and_buys_the_larger_error_drop():
+    from dsa_convert.quant.kq_alloc import allocate
+
+    # a: Q4_K → Q6_K costs 50 B and removes 9; b: the same 50 B remove only 1; Q5_K is dominated in a
+    a = _slot("a", [(QT.Q4_K, 100, 10.0), (QT.Q5_K, 120, 9.9), (QT.Q6_K, 150, 1.0), (QT.Q8_0, 200, 0.5)])
+    b = _slot("b", [(QT.Q4_K, 100, 2.0), (QT.Q6_K, 150, 1.0), (QT.Q8_0, 200, 0.9)])
+    pick = allocate([a, b], 250)
+    assert (pick["a"].qtype, pick["b"].qtype) == (QT.Q6_K, QT.Q4_K)
+    pick = allocate([a, b], 200)                                 # the smallest mix
+    assert (pick["a"].qtype, pick["b"].qtype) == (QT.Q4_K, QT.Q4_K)
+    rng = np.random.default_rng(0)
+    for _ in range(50):                                          # random slots: never over the budget
+        slots = []
+        for i in range(6):
+            b0 = int(rng.integers(50, 200))
+            steps = np.sort(rng.uniform(0, 3, 4))[::-1]
+            pts = [(qt, b0 + 40 * k + int(rng.integers(0, 30)), float(steps[k])) for k, qt in enumerate(
+                (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0))]
+            slots.append(_slot(f"t{i}", pts))
+        lo = sum(min(c.nbytes for c in s.cands) for s in slots)
+        budget = lo + int(rng.integers(0, 600))
+        pick = allocate(slots, budget)
+        assert sum(c.nbytes for c in pick.values()) <= budget
+        rich = allocate(slots, 10 ** 9)                           # no limit: every slot its least error
+        assert all(rich[s.name].err == min(c.err for c in s.cands) for s in slots)
+
+
+def test_allocator_refuses_a_budget_below_the_smallest_mix():
+    from dsa_convert.errors import BadInputError
+    from dsa_convert.quant.kq_alloc import allocate
+
+    a = _slot("a", [(QT.Q4_K, 100, 10.0), (QT.Q6_K, 150, 1.0)])
+    with pytest.raises(BadInputError, match="below the smallest"):
+        allocate([a], 99)
+
+
+def test_candidates_and_budget_parsing():
+    from dsa_convert.errors import BadInputError
+    from dsa_convert.quant.kq_alloc import candidates, parse_budget
+
+    assert candidates(1536) == (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0)
+    assert candidates(576) == (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)
+    assert parse_budget("105000000") == ("bytes", 105e6) and parse_budget("96MiB") == ("bytes", 96 * 2 ** 20)
+    assert parse_budget("4.9bpw") == ("bpw", 4.9) and parse_budget("100MB") == ("bytes", 1e8)
+    for bad in ("lots", "-3", "0bpw", "40bpw"):
+        with pytest.raises(BadInputError):
+            parse_budget(bad)
+
+
+def test_mix_budget_below_the_smallest_mix_is_refused(tiny_gguf, tmp_path, calib_file):  # noqa: F811
+    out = tmp_path / "o.gguf"
+    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_k_m", "--method", "mix", "--calib",
+                str(calib_file), "--size-budget", "2bpw")
+    assert_clean_failure(r, out, "below the smallest mix")
+    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_k_m", "--method", "mix", "--calib",
+                str(calib_file), "--size-budget", "much")
+    assert_clean_failure(r, out, "--size-budget")
+    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_k_m", "--method", "gptq", "--calib",
+                str(calib_file), "--size-budget", "5bpw")
+    assert_clean_failure(r, out, "--size-budget applies to --method mix")
+
+
+def test_mix_refuses_unknown_type_and_quantized_input(tiny_gguf, tmp_path, calib_file):  # noqa: F811
+    out = tmp_path / "o.gguf"
+    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_x", "--method", "mix", "--calib", str(calib_file))
+    assert_clean_failure(r, out, "unknown --type")
+    q = tmp_path / "q.gguf"
+    assert run_dsa("quantize", str(tiny_gguf), str(q), "--method", "rtn", "--group-size", "32").returncode == 0
+    r = run_dsa("quantize", str(q), str(out), "--type", "q4_k_m", "--method", "mix", "--calib", str(calib_file))
+    assert_clean_failure(r, out, "already quantized")
+
+
+@requires_backend
+def test_mix_file_within_budget_loads_and_keeps_dsa(tiny_dsa, calib_file, tmp_path):  # noqa: F811
+    from dsa_convert.formats.gguf_read import GgufFile
+
+    src, extra = tiny_dsa
+    res = {}
+    for budget in (None, "more"):
+        out = tmp_path / f"m-{budget}.gguf"
+        args = ["--size-budget", str(res[None]["mix"]["budget_bytes"] + 4000)] if budget else []
+        r = run_dsa("quantize", str(src), str(out), "--type", "q4_k_m", "--method", "mix", "--calib",
+                    str(calib_file), "--samples", "4", "--seq-len", "64", "--json", *args)
+        assert r.returncode == 0, r.stderr
+        res[budget] = rep = json.loads(r.stdout)
+        mix = rep["mix"]
+        assert mix["data_bytes"] <= mix["budget_bytes"]
+        assert mix["est_kld_total"] <= mix["est_kld_total_llama_types"] + 1e-12
+        assert not list(tmp_path.glob("*.candidates"))            # the candidates' folder is gone
+        g, g_src = GgufFile(out), GgufFile(src)
+        assert sum(t.n_bytes for t in g.tensors.values()) == mix["data_bytes"]
+        for name in extra:                                        # DSA tensors byte for byte
+            assert np.array_equal(np.asarray(g.raw(name)), np.asarray(g_src.raw(name))), name
+        for name, t in mix["tensors"].items():                    # rows of 64: the 32-weight types only
+            assert t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") and rep["tensor_type_of"][name] == t["type"]
+    assert res[None]["mix"]["budget_bytes"] == res[None]["mix"]["llama_q4_k_m_bytes"]
+    assert res["more"]["mix"]["data_bytes"] > res[None]["mix"]["data_bytes"]
+    assert res["more"]["mix"]["est_kld_total"] < res[None]["mix"]["est_kld_total"]
+    out = tmp_path / "m-None.gguf"
+    e = run_dsa("eval", str(out), "--ppl", str(calib_file), "--ctx", "64", "--chunks", "2", "--attn", "dense",
+                "--kld-base", str(src), "--json")
+    assert e.returncode == 0, e.stderr
+    assert 0 <= json.loads(e.stdout)["kld_mean"] < 1
