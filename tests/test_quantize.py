@@ -275,6 +275,36 @@ def test_awq_beats_rtn_and_keeps_dsa(tiny_dsa, calib_file, tmp_path):
         assert g.tensors["token_embd.weight"].qtype == QT.F16     # embeddings untouched
 
 
+def test_q4_0_gptq_own_writer(tiny_dsa, calib_file, tmp_path):
+    """--type q4_0 --method gptq|search: the own writer's Q4_0 (no llama.cpp); GPTQ's error feedback gives a lower
+    final-hidden error than round-to-nearest on the calibration tokens; DSA tensors and embeddings kept."""
+    from dsa_convert.formats.gguf_read import GgufFile
+    from dsa_convert.quant.calib import load_samples
+
+    src, extra = tiny_dsa
+    outs = {}
+    for method in ("rtn", "search", "gptq"):
+        outs[method] = tmp_path / f"{method}.gguf"
+        r = run_dsa("quantize", str(src), str(outs[method]), "--type", "q4_0", "--method", method, "--calib",
+                    str(calib_file), "--samples", "8", "--seq-len", "64", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["tensor_types"].get("Q4_0", 0) == 14      # 7 linears × 2 blocks
+    g_src = GgufFile(src)
+    tokens = load_samples(src, g_src, calib_file, 8, 64)
+    ref = _final_hidden(src, tokens)
+    mse = {k: float((_final_hidden(p, tokens) - ref).pow(2).mean()) for k, p in outs.items()}
+    assert mse["gptq"] < 0.9 * mse["rtn"], mse
+    for method in ("search", "gptq"):
+        g = GgufFile(outs[method])
+        assert g.get("dsa.quant.method") == method and g.get("general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q4_0)
+        assert g.tensors["token_embd.weight"].qtype == QT.F16
+        for name in extra:
+            assert np.array_equal(np.asarray(g.raw(name)), np.asarray(g_src.raw(name))), name
+    r = run_dsa("quantize", str(src), str(tmp_path / "m.gguf"), "--type", "q4_0", "--method", "mix", "--calib",
+                str(calib_file))
+    assert_clean_failure(r, tmp_path / "m.gguf", "--method mix")
+
+
 @needs_backend
 def test_q4_0_imatrix_auto(tiny_gguf, calib_file, tmp_path):
     """--imatrix auto for Q4_0: ggml's imatrix-weighted Q4_0 (search and writer); valid Q4_0 blocks."""

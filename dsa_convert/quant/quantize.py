@@ -121,8 +121,9 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
         opts.samples = 32 if opts.method == "awq" else 128
     fmt = FORMATS[opts.qtype]
     if opts.method in OWN_METHODS:
-        if not fmt.via_llama_cpp:
-            raise BadInputError(f"--method {opts.method} writes K-quants (--type q4_k_m); for {opts.qtype} use awq or rtn")
+        if opts.method == "mix" and not fmt.via_llama_cpp:
+            raise BadInputError(f"--method mix allocates K-quant types (--type q4_k_m); for {opts.qtype} use gptq, "
+                                "search, awq or rtn")
         if opts.imatrix not in (None, "auto"):
             raise BadInputError(f"--method {opts.method} computes its importance from --calib; --imatrix does not apply")
         if opts.calib is None:
@@ -339,14 +340,18 @@ def _plan(g: GgufFile, cal: Calibrator, lin_qtype: Callable[[str, tuple], QT],
 
 
 def _own_plan(g: GgufFile, cal: Calibrator, opts: QuantOptions) -> list[_Out]:
-    """The own K-quant writer's plan (kq_writer): linears by block; the head (token_embd when tied) last, since its
-    input Hessian needs every block's output."""
+    """The own writer's plan (kq_writer): linears by block; for q4_k_m the head (token_embd when tied) last, since its
+    input Hessian needs every block's output; for q4_0 / q4_1 the embeddings and head are copied as --method rtn
+    copies them."""
     from . import kq_writer
 
     n_layer = g.layer_count()
     tied = "output.weight" not in g.tensors
+    block_type = FORMATS[opts.qtype].qtype      # Q4_0 / Q4_1: every linear of that type, the rest as --method rtn
 
     def lin_qtype(name, shape):
+        if block_type is not None:
+            return block_type if shape[-1] % 32 == 0 else QT.F16
         return kq_writer.q4_k_m_type(name, shape[-1], n_layer, tied)
 
     def lin_encode(name, a, qt):
@@ -357,7 +362,7 @@ def _own_plan(g: GgufFile, cal: Calibrator, opts: QuantOptions) -> list[_Out]:
 
     plan, last = [], []
     for t in _plan(g, cal, lin_qtype, lin_encode):
-        if t.name in ("token_embd.weight", "output.weight") and len(t.shape) == 2:
+        if block_type is None and t.name in ("token_embd.weight", "output.weight") and len(t.shape) == 2:
             qt = lin_qtype(t.name, t.shape)
             head = t.name == "output.weight" or tied
 
@@ -524,7 +529,7 @@ def quantize(opts: QuantOptions) -> dict:
             finally:
                 spill.close()
         elif own:
-            _write(tmp, g, _own_plan(g, cal, opts), kv, gguf.LlamaFileType.MOSTLY_Q4_K_M)
+            _write(tmp, g, _own_plan(g, cal, opts), kv, _FILE_TYPES.get(opts.qtype, gguf.LlamaFileType.MOSTLY_Q4_K_M))
         elif fmt.via_llama_cpp:
             def lin_qtype(name, shape):
                 return QT.F32 if g.tensors[name].qtype == QT.F32 else QT.F16
