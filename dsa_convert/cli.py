@@ -310,8 +310,8 @@ def quantize(
     group_size: Optional[int] = typer.Option(None, help="clipping groups (multiple of 32); default 32 for q4_0/q4_1 "
                                                         "(one ggml block, measured best), 128 for q4_k_m"),
     calib: Optional[Path] = typer.Option(None, help="calibration text (required for awq)"),
-    samples: Optional[int] = typer.Option(None, help="calibration sequences; default 32 for AWQ (measured better "
-                                                      "than 128, RESULTS §4), 128 otherwise (rtn's imatrix, gptq, search)"),
+    samples: Optional[int] = typer.Option(None, help="calibration sequences; default 32 for awq and mix (RESULTS §4), "
+                                                      "128 otherwise (rtn's imatrix, gptq, search)"),
     seq_len: int = typer.Option(512, help="tokens per calibration sequence"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     imatrix: Optional[str] = typer.Option(None, help="K-quants: 'auto' (from the calibration activations, "
