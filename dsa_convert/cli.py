@@ -303,9 +303,9 @@ def inspect(
 def quantize(
     inp: Path = typer.Argument(..., help="input GGUF (F16/F32/BF16 linear weights)"),
     out: Path = typer.Argument(..., help="output .gguf"),
-    method: str = typer.Option("auto", help="auto | awq | rtn | gptq | search | mix. auto: awq for q4_0/q4_1, mix for "
-                               "q4_k_m (RESULTS §4). gptq / search / mix (q4_k_m): the own K-quant writer (GPTQ / round "
-                               "to nearest at llama.cpp's types; mix: a type per tensor under --size-budget)"),
+    method: str = typer.Option("auto", help="auto | awq | rtn | gptq | search | mix. auto: gptq for q4_0, awq for "
+                               "q4_1, mix for q4_k_m (RESULTS §4). gptq / search: the own writer (GPTQ / round to "
+                               "nearest on its weighted grid); mix (q4_k_m): a type per tensor under --size-budget"),
     qtype: str = typer.Option("q4_0", "--type", help="q4_0 | q4_1 | q4_k_m (K-quants via llama.cpp's quantizer)"),
     group_size: Optional[int] = typer.Option(None, help="clipping groups (multiple of 32); default 32 for q4_0/q4_1 "
                                                         "(one ggml block, measured best), 128 for q4_k_m"),

@@ -39,11 +39,13 @@ from .kq_writer import OWN_METHODS
 from .qformat import FORMATS, QT, TargetFormat, fake_quant_fn
 
 METHODS = ("awq", "rtn", "auto", *OWN_METHODS)
-# --method auto: what measured best per type (docs/RESULTS.md §4): AWQ for Q4_0/Q4_1 (x-only scales: ΔPPL +1.10,
-# mean of 4 seeds, vs RTN +4.38 on ref-llama-27m); for q4_k_m the own writer's per-tensor types under llama.cpp's
+# --method auto: what measured best per type (docs/RESULTS.md §4): for Q4_0 GPTQ on the importance-weighted grid, the
+# only method within 60 % of round-to-nearest's ΔPPL on both reference models and on both held-out texts (AWQ's
+# books-fitted scales and clipping cost more than RTN on documentation text); AWQ for Q4_1 (x-only scales; GPTQ not
+# measured there); for q4_k_m the own writer's per-tensor types under llama.cpp's
 # Q4_K_M bytes (mix: mean KLD 0.41x / 0.41x / 0.10x llama.cpp's imatrix Q4_K_M on ref-llama-27m / -32k / SmolLM2,
 # lower ΔPPL on all three: docs/data/quant/runs.md). An explicit --imatrix with auto keeps llama-quantize (rtn).
-AUTO_METHOD = {"q4_0": ("awq", None), "q4_1": ("awq", None), "q4_k_m": ("mix", None)}
+AUTO_METHOD = {"q4_0": ("gptq", None), "q4_1": ("awq", None), "q4_k_m": ("mix", None)}
 _FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 _FILE_TYPES = {"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -119,8 +121,8 @@ def validate(opts: QuantOptions) -> tuple[TargetFormat, GgufFile]:
         opts.method, auto_imatrix = AUTO_METHOD[opts.qtype]
         if opts.imatrix is None:
             opts.imatrix = auto_imatrix
-        elif opts.method in OWN_METHODS:          # an explicit --imatrix: llama-quantize with it
-            opts.method = "rtn"
+        elif opts.method in OWN_METHODS:          # an explicit --imatrix: llama-quantize with it (K-quants), or
+            opts.method = "rtn" if FORMATS[opts.qtype].via_llama_cpp else "awq"   # ggml's weighted Q4_0 / Q4_1
     if opts.samples is None:
         opts.samples = 32 if opts.method in ("awq", "mix") else 128
     fmt = FORMATS[opts.qtype]
