@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Q4_0: `dsa quantize` AWQ (the default, --method auto) against round-to-nearest, ΔPPL on several held-out texts.
+"""Q4_0: `dsa quantize` methods against round-to-nearest, ΔPPL on several held-out texts.
 
-    python scripts/bench/bench_awq_q4_0.py --f16 F16.gguf --work DIR [--chunks 40] [--text NAME=PATH ...]
+    python scripts/bench/bench_q4_0.py --f16 F16.gguf --work DIR [--chunks 40] [--text NAME=PATH ...] \
+        [--methods rtn,awq,gptq]
 
-Calibration is books-calib.txt (dsa quantize's defaults otherwise); the texts default to WikiText-2 test. Each step
-is skipped when its output exists in DIR. llama-perplexity -c 512 -b 512 --chunks CHUNKS -fa off -t THREADS on the
-F16 file, the RTN file and the AWQ file for every text; DIR/results.json holds PPLs, ΔPPL and ΔPPL(AWQ)/ΔPPL(RTN).
+Calibration is books-calib.txt (dsa quantize's defaults otherwise: --samples 32 for awq, 128 for gptq); the texts
+default to WikiText-2 test. Each step is skipped when its output exists in DIR. llama-perplexity -c 512 -b 512
+--chunks CHUNKS -fa off -t THREADS on the F16 file and each method's file for every text; DIR/results.json holds the
+PPLs, each method's ΔPPL and its ratio to RTN's.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--text", action="append", default=[], help="NAME=PATH (default wikitext2=WikiText-2 test)")
+    ap.add_argument("--methods", default="rtn,awq,gptq", help="comma-separated --method values; rtn is always run")
     a = ap.parse_args()
     texts = dict(t.split("=", 1) for t in a.text) or {"wikitext2": str(WIKI)}
     w = a.work
@@ -36,7 +39,9 @@ def main() -> None:
     res = json.loads(res_p.read_text()) if res_p.is_file() else {}
     res.update({"f16": str(a.f16), "chunks": a.chunks, "calib": str(CALIB), "texts": texts})
     files = {"f16": a.f16}
-    for name, args in (("rtn", ["--method", "rtn"]), ("awq", [])):
+    methods = ["rtn"] + [m for m in a.methods.split(",") if m and m != "rtn"]
+    for name in methods:
+        args = ["--method", name]
         path = w / f"q4_0-{name}.gguf"
         files[name] = path
         if not path.is_file():
@@ -63,10 +68,13 @@ def main() -> None:
             res.setdefault("ppl", {})[key] = [float(m.group(1)), float(m.group(2))]
             res_p.write_text(json.dumps(res, indent=1))
         p = {f: res["ppl"][f"{tname}/{f}"][0] for f in files}
-        d_rtn, d_awq = p["rtn"] - p["f16"], p["awq"] - p["f16"]
-        res.setdefault("summary", {})[tname] = {"ppl_f16": p["f16"], "dppl_rtn": round(d_rtn, 4),
-                                                 "dppl_awq": round(d_awq, 4),
-                                                 "awq_over_rtn": round(d_awq / d_rtn, 3) if d_rtn else None}
+        d_rtn = p["rtn"] - p["f16"]
+        summ = {"ppl_f16": p["f16"], "dppl_rtn": round(d_rtn, 4)}
+        for m in methods[1:]:
+            d = p[m] - p["f16"]
+            summ[f"dppl_{m}"] = round(d, 4)
+            summ[f"{m}_over_rtn"] = round(d / d_rtn, 3) if d_rtn else None
+        res.setdefault("summary", {})[tname] = summ
         print(tname, res["summary"][tname])
     res_p.write_text(json.dumps(res, indent=1))
 
