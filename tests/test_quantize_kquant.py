@@ -117,11 +117,12 @@ def test_q4_k_m_types_follow_llama_cpp():
     assert q4_k_m_type("blk.0.attn_q.weight", 48, 6, False) == QT.F16          # not even a multiple of 32
 
 
-def test_gptq_needs_a_k_quant_type(tiny_gguf, tmp_path, calib_file):  # noqa: F811
+def test_mix_needs_a_k_quant_type(tiny_gguf, tmp_path, calib_file):  # noqa: F811
+    # gptq / search write q4_0 / q4_1 too (9cf90e6); the per-tensor type mix is q4_k_m's only
     out = tmp_path / "o.gguf"
-    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_0", "--method", "gptq", "--calib",
+    r = run_dsa("quantize", str(tiny_gguf), str(out), "--type", "q4_0", "--method", "mix", "--calib",
                 str(calib_file))
-    assert_clean_failure(r, out, "--method gptq")
+    assert_clean_failure(r, out, "--method mix")
 
 
 def test_gptq_needs_calibration(tiny_gguf, tmp_path):  # noqa: F811
