@@ -75,14 +75,19 @@ def _forward_costs(model, ctx: int, top_k: int, cfg, dev: str):
         q, k, _v, _kp = model.qkv(0, x, pp)
         return x, q, k, model.layer(0, hh, pp)
 
-    n0 = min(ctx, 16)
-    pass_a(h[:n0], pos[:n0])                # first call: loads layer 0's weights (RefModel loads them lazily)
+    # first call: loads layer 0's weights (RefModel loads them lazily); on CUDA at the full context, since the first
+    # call at a size also allocates its buffers and picks its kernels, which a calibration pass pays once, not per layer
+    cuda = str(dev).startswith("cuda")
+    n0 = ctx if cuda else min(ctx, 16)
+    pass_a(h[:n0], pos[:n0])
     model.head(h[:1])
     fwd, (x, q, k, _h1) = _timed(lambda: pass_a(h, pos), dev)
     w = init_indexer(hp.n_embd, cfg.index_heads, cfg.index_dim, cfg.rope_dim, cfg.norm_eps, hp.rope.base, 0)
     att = DsaAttention(scale=hp.kq_scale, attn="sparse", top_k=top_k, sink=min(4, top_k - 1),
                        local=max(1, top_k // 2), select=cfg.select, block_size=cfg.block_size,
                        indexers={0: w.to(torch.float32, model.device)})
+    if cuda:
+        model.layer(0, h, pos, attention=att)
     sparse, _ = _timed(lambda: model.layer(0, h, pos, attention=att), dev)
     n = max(1, ctx // HEAD_PROBE_SHARE)
 
