@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fresh machine, one command: install dsa + the patched llama.cpp backend, then the main job end to
-# end: convert with the DSA retrofit -> AWQ INT4 quantize -> perplexity through llama.cpp (sparse and dense).
+# end: convert with the DSA retrofit -> 4-bit quantize (Q4_0, GPTQ) -> perplexity through llama.cpp (sparse and dense).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
