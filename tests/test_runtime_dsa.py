@@ -100,3 +100,9 @@ def test_ppl_llamacpp_vs_torch_sparse_and_dense(dsa_pair):
     assert abs(lc_sparse["ppl"] / lc_dense["ppl"] - 1) > 0.001      # sparse is measurably not dense
     k16 = dsa_eval_json(str(dsa), *common, "--kv", "f32", "--top-k", "16")    # per-run top-k override
     assert k16["top_k"] == 16 and k16["ppl"] != lc_sparse["ppl"]
+    assert "warning:" not in subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", str(dsa), *common,
+                                             "--top-k", "17"], capture_output=True, text=True).stderr
+    # a per-run top-k within the file's sinks + window leaves no indexer pick: the run says it is local attention
+    r = subprocess.run([sys.executable, "-m", "dsa_convert.cli", "eval", str(dsa), *common, "--top-k", str(SINK + LOCAL)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "no key is picked by the indexer" in r.stderr, r.stderr

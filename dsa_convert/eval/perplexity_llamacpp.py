@@ -6,6 +6,7 @@ the run's KL divergence from it is reported as `llama-perplexity --kl-divergence
 logits of the scored half only (decode_rows), so a chunk holds n_ctx / 2 x n_vocab floats per context, not n_ctx."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,10 @@ def run(path: Path, text: str, o: LlamaPplOptions) -> dict:
         base_ov = dsa_overrides(g, "dense", None)[0] if o.kld and o.kld_base is None else None
     finally:
         g.close()
+    if mode["attn"] == "sparse" and mode["top_k"] and mode["sink"] + mode["local"] >= mode["top_k"]:
+        print(f"warning: --top-k {mode['top_k']} is within the file's sink + local window ({mode['sink']} + "
+              f"{mode['local']}): no key is picked by the indexer, so this sparse run is local attention", file=sys.stderr,
+              flush=True)
     base_path = path
     if o.kld_base is not None:
         base_path, base_ov = Path(o.kld_base), _base_overrides(Path(o.kld_base), path)
