@@ -141,6 +141,9 @@ def test_kld_dense_is_zero_sparse_is_not(tiny_dsa, wiki_slice):
     assert dense["kld_mean"] == 0 and dense["same_top_p"] == 1 and dense["kld_max"] == 0   # the same run twice
     sparse = run(dsa, text, LlamaPplOptions(ctx=256, chunks=2, attn="sparse", kld=True, quiet=True))
     assert sparse["kld_mean"] > 1e-5 and 0 < sparse["same_top_p"] <= 1
+    # the base run's own PPL on the same tokens: the dense run's
+    assert dense["ppl_base"] == dense["ppl"] and sparse["ppl_base"] == dense["ppl"]
+    assert abs(sparse["ppl_vs_base_pct"] - 100 * (sparse["ppl"] / dense["ppl"] - 1)) < 1e-9
     plain_run = run(dsa, text, LlamaPplOptions(ctx=256, chunks=2, attn="sparse", quiet=True))
     assert plain_run["ppl"] == sparse["ppl"] and "kld_mean" not in plain_run
     # the same figure from whole-chunk logits of two separate contexts (logits_all), KL(p_dense || p_sparse)

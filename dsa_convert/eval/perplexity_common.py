@@ -185,6 +185,9 @@ def summary_lines(res: dict) -> list[str]:
                    f"{res['kv_main_bytes'] / res['kv_cells']:.1f} B/token"
                    + (f" + {res['kv_indexer_bytes'] / res['kv_cells']:.1f} B/token indexer keys"
                       if res["kv_indexer_bytes"] else ""))
+    if "ppl_base" in res:
+        out.append(f"PPL of {res.get('kld_base', 'dense')} on the same tokens = {res['ppl_base']:.4f} +/- "
+                   f"{res['ppl_base_stderr']:.5f} ({res['ppl_vs_base_pct']:+.2f} %)")
     if "kld_mean" in res:
         out.append(f"KLD vs {res.get('kld_base', 'dense')}: mean {res['kld_mean']:.6f} +/- {res['kld_stderr']:.6f}, "
                    f"median {res['kld_median']:.6f}, p99 {res['kld_p99']:.6f}; "

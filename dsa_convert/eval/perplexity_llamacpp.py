@@ -180,7 +180,7 @@ def _score(llm, base, text: str, o: LlamaPplOptions) -> dict:
     tokens = tokenize(llm, text, add_bos=add_bos)
     plan = plan_chunks(len(tokens), o.ctx, o.chunks, add_bos, llm.token_bos())
     rows = range(plan.first, plan.n_ctx - 1)
-    acc, kld = NllAccumulator(), KldAccumulator()
+    acc, kld, base_acc = NllAccumulator(), KldAccumulator(), NllAccumulator()
     t0 = time.perf_counter()
     with task("perplexity (llama.cpp)", plan.n_chunk, quiet=o.quiet) as bar:
         for i in range(plan.n_chunk):
@@ -189,14 +189,19 @@ def _score(llm, base, text: str, o: LlamaPplOptions) -> dict:
             logits = decode_rows(llm, chunk.tolist(), rows)
             acc.add(scored_nll(logits, targets))
             if base is not None:
-                kld.add(decode_rows(base, chunk.tolist(), rows), logits, targets, rows_per_block=ROWS_PER_BLOCK)
+                base_logits = decode_rows(base, chunk.tolist(), rows)
+                base_acc.add(scored_nll(base_logits, targets))
+                kld.add(base_logits, logits, targets, rows_per_block=ROWS_PER_BLOCK)
+                del base_logits
             del logits
             bar.advance(1, info=f"ppl {acc.per_chunk[-1]:.4f}")
     ppl, err = acc.result()
     out = {"ppl": ppl, "ppl_stderr": err, "tokens": acc.count, "chunks": plan.n_chunk,
            "seconds": round(time.perf_counter() - t0, 2), "per_chunk_ppl": acc.per_chunk}
     if base is not None:
-        out.update(kld.result(), kld_base=KLD_BASE if o.kld_base is None else str(o.kld_base))
+        base_ppl, base_err = base_acc.result()
+        out.update(kld.result(), kld_base=KLD_BASE if o.kld_base is None else str(o.kld_base), ppl_base=base_ppl,
+                   ppl_base_stderr=base_err, ppl_vs_base_pct=100.0 * (ppl / base_ppl - 1.0))
     return out
 
 
