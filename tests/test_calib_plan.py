@@ -37,12 +37,30 @@ def test_candidate_contexts():
     assert candidate_contexts(512, 512, None) == [512]            # the model's own, even when top-k leaves no room
 
 
+def test_estimate_uses_each_recipes_kmeans_time():
+    """The ASQ stage of a plan's estimate: the k-means time measured at that recipe's number of vectors."""
+    from types import SimpleNamespace
+
+    from dsa_convert.dsa.budget import LayerCosts, estimate
+
+    costs = LayerCosts(ctx=2048, query_rows=256, forward_s=0.0, sparse_s=0.0, head_s=0.0, step_s=0.0, kmeans_s=10.0,
+                       kmeans_light_s=1.0, probe_s=0.0)
+    cfg = SimpleNamespace(sink=None, local=None, index_share=1, index_place="search", key_space="auto", cluster_num=64)
+    est, _ = _est({2048: 100})
+    full = plan_calibration(model_ctx=2048, time_budget=1e9, estimator=est, **KW)
+    light = plan_calibration(model_ctx=2048, time_budget=1, estimator=est, **KW)
+    assert (full.level, light.level) == ("full", "light")
+    # 30 layers x 3 KV heads x (2 key spaces + V) fits
+    assert estimate(full, costs, n_layer=30, n_head_kv=3, cfg=cfg)["asq_fit"] == 30 * 3 * 3 * 10.0
+    assert estimate(light, costs, n_layer=30, n_head_kv=3, cfg=cfg)["asq_fit"] == 30 * 3 * 3 * 1.0
+
+
 def test_budget_picks_largest_context_then_recipe():
     est, calls = _est({8192: 3000, 4096: 1500, 2048: 700})
     p = plan_calibration(model_ctx=8192, time_budget=1000, estimator=est, **KW)
     # 8K full (3000 s) and light (1500 s) miss; 4K full (1500 s) misses, 4K light (750 s) fits
     assert calls == [(8192, "full"), (8192, "light"), (4096, "full"), (4096, "light")]
-    assert (p.ctx, p.level, p.steps, p.split_search) == (4096, "light", 150, "coarse")
+    assert (p.ctx, p.level, p.steps, p.split_search, p.asq_div) == (4096, "light", 150, "coarse", 4)
     assert p.time_budget == 1000 and p.estimate["total"] == 750
     assert "lowered to 4096" in p.reason and "fits the time budget" in p.reason
     r = p.as_report()
@@ -140,6 +158,7 @@ def test_report_states_budget_estimate_and_measured(tiny, calib):
     assert {"calib_forward", "train", "split", "asq_fit"} <= cal["estimate_s"].keys()
     p = cal["probes"][0]
     assert p["ctx"] == 96 and p["forward_s"] > 0 and p["step_s"] > 0 and p["kmeans_s"] > 0
+    assert cal["asq_samples_divisor"] == 1 and cal["asq_samples"] == 256
     assert "plan" in res.report["stage_seconds"]
     train = [e for e in events if e["stage"].startswith("indexer_")]
     assert train and all("elapsed_s" in e and "eta_s" in e for e in train)
@@ -171,6 +190,9 @@ def test_convert_over_budget_warns(tiny, calib, tmp_path):
     assert r.returncode == 0 and out.is_file(), r.stderr[-2000:]
     cal = json.loads(r.stdout)["dsa"]["calibration"]
     assert cal["level"] == "light" and "over the time budget" in cal["ctx_source"]
+    assert cal["asq_samples_divisor"] == 4 and cal["asq_samples"] == 32768 // 4       # DsaConfig's default, quartered
+    p = cal["probes"][0]
+    assert 0 < p["kmeans_light_s"] and 0 < p["kmeans_s"]
     warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: ")]
     assert len(warn) == 1 and "over the 0 s time budget" in warn[0], r.stderr
 

@@ -16,6 +16,7 @@ import torch
 
 from ..kernels_ref.sparse_attention import DsaAttention
 from .asq_fit import kmeans
+from .calib import RECIPES
 from .indexer_train import LayerCalib, init_indexer, train_layer
 from .split import COARSE_LOCAL_FRACTIONS, COARSE_SINKS, LOCAL_FRACTIONS, SINK_CANDIDATES
 
@@ -43,7 +44,8 @@ class LayerCosts:
     sparse_s: float         # one layer under sparse attention (indexer scores, selection, attention)
     head_s: float           # LM head + NLL of the chunk
     step_s: float           # one indexer training step of query_rows rows
-    kmeans_s: float         # one ASQ k-means fit (one KV head, one of K / V)
+    kmeans_s: float         # one ASQ k-means fit (one KV head, one of K / V) on the full recipe's vectors
+    kmeans_light_s: float   # the same on the light recipe's (calib.RECIPES)
     probe_s: float          # what the probe itself took
 
     def as_report(self) -> dict:
@@ -99,9 +101,10 @@ def _forward_costs(model, ctx: int, top_k: int, cfg, dev: str):
     return fwd, sparse, head_s * ctx / n, LayerCalib(x[None], q[None], k[None], hp.kq_scale)
 
 
-def probe(model, ctx: int, query_rows: int, cfg, dev: str, kmeans_s: float | None = None) -> LayerCosts:
-    """Measure LayerCosts at ``ctx`` (one chunk of random tokens through layer 0); ``kmeans_s``: reuse a k-means time
-    measured at another context (it does not depend on the context)."""
+def probe(model, ctx: int, query_rows: int, cfg, dev: str,
+          kmeans_s: tuple[float, float] | None = None) -> LayerCosts:
+    """Measure LayerCosts at ``ctx`` (one chunk of random tokens through layer 0); ``kmeans_s``: reuse the k-means
+    times (full, light) measured at another context (they do not depend on the context)."""
     t0 = time.perf_counter()
     fwd, sparse, head_s, data = _forward_costs(model, ctx, cfg.top_k, cfg, dev)
     hp = model.hp
@@ -110,20 +113,24 @@ def probe(model, ctx: int, query_rows: int, cfg, dev: str, kmeans_s: float | Non
     w = train_layer(data, w, steps=2, **kw)                     # warm-up (imports, allocations, first-call costs)
     steps_s, _ = _timed(lambda: train_layer(data, w, steps=PROBE_STEPS, **kw), dev)
     if kmeans_s is None:
-        kmeans_s = 0.0
-        if cfg.cluster_num is not None:         # the fit's size, from layer 0's keys of the probe chunk
+        kmeans_s = (0.0, 0.0)
+        if cfg.cluster_num is not None:         # the fits' sizes, from layer 0's keys of the probe chunk
             keys = data.k[0, 0].float().cpu()
             kmeans(keys[: cfg.cluster_num * 2], cfg.cluster_num, 0)            # first call: imports, thread pools
-            n = max(cfg.cluster_num * 4, int(0.8 * cfg.asq_samples))           # fit_layer's training share
             g = torch.Generator().manual_seed(0)
-            idx = torch.randint(keys.shape[0], (n,), generator=g)
-            x = keys[idx] + 0.01 * keys.std() * torch.randn(n, keys.shape[1], generator=g)
-            t1 = time.perf_counter()
-            kmeans(x, cfg.cluster_num, 0)
-            kmeans_s = time.perf_counter() - t1
+            times = []
+            for div in (RECIPES["full"][2], RECIPES["light"][2]):
+                n = max(cfg.cluster_num * 4, int(0.8 * cfg.asq_samples / div))     # fit_layer's training share
+                idx = torch.randint(keys.shape[0], (n,), generator=g)
+                x = keys[idx] + 0.01 * keys.std() * torch.randn(n, keys.shape[1], generator=g)
+                t1 = time.perf_counter()
+                kmeans(x, cfg.cluster_num, 0)
+                times.append(time.perf_counter() - t1)
+            kmeans_s = (times[0], times[1])
     del data
     return LayerCosts(ctx=ctx, query_rows=query_rows, forward_s=fwd, sparse_s=sparse, head_s=head_s,
-                      step_s=steps_s / PROBE_STEPS, kmeans_s=kmeans_s, probe_s=time.perf_counter() - t0)
+                      step_s=steps_s / PROBE_STEPS, kmeans_s=kmeans_s[0], kmeans_light_s=kmeans_s[1],
+                      probe_s=time.perf_counter() - t0)
 
 
 def estimate(plan, costs: LayerCosts, *, n_layer: int, n_head_kv: int, cfg, kept_layers: int = 0) -> dict:
@@ -148,7 +155,8 @@ def estimate(plan, costs: LayerCosts, *, n_layer: int, n_head_kv: int, cfg, kept
     if cfg.index_share > 1 and cfg.index_place == "search":
         place = PLACEMENT_FORWARDS[plan.placement_search] * held * (n_layer * costs.sparse_s + costs.head_s)
     spaces = 2 if cfg.key_space == "auto" else 1
-    asq = n_layer * n_head_kv * (spaces + 1) * costs.kmeans_s if cfg.cluster_num is not None else 0.0
+    fit_s = costs.kmeans_s if plan.asq_div == RECIPES["full"][2] else costs.kmeans_light_s
+    asq = n_layer * n_head_kv * (spaces + 1) * fit_s if cfg.cluster_num is not None else 0.0
     out = {"calib_forward": fwd, "train": train, "eval_kl": eval_kl, "split": split, "asq_fit": asq}
     if place:
         out["placement"] = place

@@ -80,10 +80,12 @@ CPU_ROW_KEYS = 256 * 8192   # query rows x context per step on a CPU beyond SHOR
 MIN_QUERY_ROWS = 64
 # the time budget picks among these, per calibration context from the model's own down (halving, while the context
 # holds at least MIN_CTX_PER_TOP_K x top-k: a top-k trained at half its context picks little): "full" and then "light" at
-# each context; light halves the steps and the calibration text and scores the split coarsely. Nothing lighter: a
-# quarter of both ("minimal") cost SmolLM2-135M +11.3 % PPL at 2K against the full recipe's +1.4 % (docs/RESULTS.md
-# §2.3), so over budget the plan runs light at the smallest context and says so
-RECIPES = {"full": (1, 1), "light": (2, 2)}     # name -> (steps divisor, tokens divisor)
+# each context; light halves the steps and the calibration text, scores the split coarsely and fits the ASQ prototypes
+# on a quarter of the vectors (SmolLM2: +0.7-2.0 % held-out reconstruction error, fits 1.2-5x faster;
+# docs/data/smollm2/asq). Nothing lighter: a quarter of the steps and text ("minimal") cost SmolLM2-135M +11.3 % PPL at
+# 2K against the full recipe's +1.4 % (docs/RESULTS.md §2.3), so over budget the plan runs light at the smallest
+# context and says so
+RECIPES = {"full": (1, 1, 1), "light": (2, 2, 4)}     # name -> (steps, tokens, ASQ vectors) divisors
 MIN_TRAIN_CHUNKS = 2
 MIN_CTX_PER_TOP_K = 4
 
@@ -104,6 +106,7 @@ class CalibPlan:
     placement_search: str = "greedy"    # greedy | oneshot: how --index-share's full layers are searched (placement.py)
     recipe: str = "default"         # which defaults applied: "default", "cpu long context", or "given"
     level: str = "full"             # full | light (RECIPES): what the time budget allowed
+    asq_div: int = 1                # the ASQ k-means fits on DsaConfig.asq_samples // asq_div vectors (RECIPES)
     memory_budget: int = 0          # bytes the calibration activations may take (0: not computed)
     time_budget: float | None = None    # seconds the plan was chosen for (None: no budget)
     estimate: dict = field(default_factory=dict)    # estimated seconds per stage of the chosen plan
@@ -119,6 +122,7 @@ class CalibPlan:
                 "activation_bytes_per_token": self.bytes_per_token, "steps": self.steps,
                 "sparse_steps": self.sparse_steps, "query_rows": self.query_rows, "split_search": self.split_search,
                 "placement_search": self.placement_search, "recipe": self.recipe, "level": self.level,
+                "asq_samples_divisor": self.asq_div,
                 "memory_budget_mib": round(self.memory_budget / 2**20), "time_budget_s": self.time_budget,
                 "estimate_s": self.estimate, "considered": self.considered}
 
@@ -218,7 +222,7 @@ def _plan_at(ctx: int, reason: str, level: str, *, model_ctx: int, capped_ctx: b
              placement_search) -> CalibPlan:
     """One plan at ``ctx`` and recipe ``level``; with ``capped_ctx`` the context halves until the memory fits."""
     on_gpu = str(device).startswith("cuda")
-    steps_div, tok_div = RECIPES[level]
+    steps_div, tok_div, asq_div = RECIPES[level]
     held = lambda n: split_chunks if split_chunks is not None else min(4, max(1, round(n / 8)))  # noqa: E731
     fits = lambda c, n: (n + held(n)) * c * bytes_per_token <= mem  # noqa: E731
 
@@ -254,4 +258,5 @@ def _plan_at(ctx: int, reason: str, level: str, *, model_ctx: int, capped_ctx: b
                      query_rows=d_rows if query_rows is None else query_rows,
                      split_search=d_split if split_search == "auto" else split_search,
                      placement_search=d_place if placement_search == "auto" else placement_search,
-                     recipe=f"{recipe}, options given" if given else recipe, level=level, memory_budget=mem)
+                     recipe=f"{recipe}, options given" if given else recipe, level=level, memory_budget=mem,
+                     asq_div=asq_div)

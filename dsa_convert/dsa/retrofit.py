@@ -223,7 +223,7 @@ def _planned(model, cfg: DsaConfig, dev: str, group: int, types_for_keep):
     def estimator(plan) -> dict:
         key = (plan.ctx, plan.query_rows)
         if key not in probes:
-            km = next((c.kmeans_s for c in probes.values()), None)
+            km = next(((c.kmeans_s, c.kmeans_light_s) for c in probes.values()), None)
             probes[key] = probe(model, plan.ctx, plan.query_rows, cfg, dev, kmeans_s=km)
         keep = _kept_layers(hp, types_for_keep, plan, _keeps_pass_a_data(hp, types_for_keep, plan, dev))
         return estimate(plan, probes[key], n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, cfg=cfg, kept_layers=keep)
@@ -339,7 +339,9 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
                  "layers": {}}
     if dev.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    per_chunk = max(1, math.ceil(cfg.asq_samples / max(1, n_train)))
+    asq_samples = max(cfg.cluster_num * 4, cfg.asq_samples // plan.asq_div) if cfg.cluster_num is not None else 0
+    rep["calibration"]["asq_samples"] = asq_samples
+    per_chunk = max(1, math.ceil(asq_samples / max(1, n_train)))
 
     def kw(il: int) -> dict:
         return dict(top_k=cfg.top_k, lr=cfg.lr, query_rows=plan.query_rows, seed=cfg.seed, device=dev,
