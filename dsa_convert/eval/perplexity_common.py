@@ -144,10 +144,12 @@ class KldAccumulator:
     same_top: int = 0
     dp: list[np.ndarray] = field(default_factory=list)   # p(target) − p_base(target), llama-perplexity's Δp
 
-    def add(self, base_logits, logits, targets, rows_per_block: int = 1024) -> None:
+    def add(self, base_logits, logits, targets, rows_per_block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
         """Both [n, vocab] for the same n scored positions; targets [n] the next tokens. Float64 work in blocks of
-        rows, so a 32K-token chunk's half (16K x vocab) never exists in float64 at once."""
+        rows, so a 32K-token chunk's half (16K x vocab) never exists in float64 at once. Returns each run's
+        per-token NLL of the targets (run, base), from the same log-softmax."""
         t = np.asarray(targets, dtype=np.int64)
+        nll, nll_base = np.empty(t.size, np.float64), np.empty(t.size, np.float64)
         for a in range(0, t.size, rows_per_block):
             b = min(t.size, a + rows_per_block)
             lb, lq = log_softmax64(base_logits[a:b]), log_softmax64(logits[a:b])
@@ -156,6 +158,8 @@ class KldAccumulator:
             self.same_top += int((lb.argmax(-1) == lq.argmax(-1)).sum())
             rows = np.arange(b - a)
             self.dp.append(np.exp(lq[rows, t[a:b]]) - pb[rows, t[a:b]])
+            nll[a:b], nll_base[a:b] = -lq[rows, t[a:b]], -lb[rows, t[a:b]]
+        return nll, nll_base
 
     @property
     def count(self) -> int:

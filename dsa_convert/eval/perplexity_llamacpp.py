@@ -187,12 +187,13 @@ def _score(llm, base, text: str, o: LlamaPplOptions) -> dict:
             chunk = chunk_tokens(tokens, plan, i)
             targets = chunk[plan.first + 1: plan.n_ctx]
             logits = decode_rows(llm, chunk.tolist(), rows)
-            acc.add(scored_nll(logits, targets))
-            if base is not None:
-                base_logits = decode_rows(base, chunk.tolist(), rows)
-                base_acc.add(scored_nll(base_logits, targets))
-                kld.add(base_logits, logits, targets, rows_per_block=ROWS_PER_BLOCK)
-                del base_logits
+            if base is None:
+                acc.add(scored_nll(logits, targets))
+            else:       # the KLD pass has both runs' log-softmax: their NLLs come from it
+                nll, nll_base = kld.add(decode_rows(base, chunk.tolist(), rows), logits, targets,
+                                        rows_per_block=ROWS_PER_BLOCK)
+                acc.add(nll)
+                base_acc.add(nll_base)
             del logits
             bar.advance(1, info=f"ppl {acc.per_chunk[-1]:.4f}")
     ppl, err = acc.result()
