@@ -53,13 +53,8 @@ def candidates(n: int) -> tuple[QT, ...]:
 
 
 def tensor_bytes(qt: QT, shape: tuple[int, ...]) -> int:
-    n = int(shape[-1])
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    if qt in (QT.F16, QT.BF16):
-        return 2 * rows * n
-    if qt == QT.F32:
-        return 4 * rows * n
-    return rows * row_bytes(qt, n)
+    return rows * row_bytes(qt, int(shape[-1]))      # gguf's GGML_QUANT_SIZES covers F32 / F16 / BF16 too
 
 
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(bpw|[kKmMgG]i?[bB]?|[bB])?\s*$")
@@ -178,10 +173,6 @@ def _hull(cands: list[Cand]) -> list[int]:
                 break
         pts.append(i)
     return pts
-
-
-def min_bytes(slots: list[Slot]) -> int:
-    return sum(min(tensor_bytes(qt, s.shape) for qt in candidates(s.shape[-1])) for s in slots)
 
 
 def allocate(slots: list[Slot], budget: int) -> dict[str, Cand]:
