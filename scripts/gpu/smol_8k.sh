@@ -15,26 +15,31 @@
 #         cp .gpu/b/llama-trim.tar.gz .gpu/c1/; cp -r .gpu/b/whl .gpu/c1/; cp .gpu/b/shared/data/*/*.gz .gpu/c2/
 #         cp ../shared/models/smollm2-135m-instruct/gguf_to_hf.py .gpu/c2/
 # Calls (each sent as soon as the previous one returns: the machine is given back 30 s after a call):
-#   1 carry .gpu/c1:  bash scripts/gpu/smol_8k.sh stage1          (copies c1 to WORK, starts the CUDA build detached)
-#   2 carry .gpu/c2:  LIMIT=585 bash scripts/gpu/smol_8k.sh model convert:1024
-#   3 (no carry):     LIMIT=560 bash scripts/gpu/smol_8k.sh waitbuild ppl:1024:8192:8 needle:1024:2048,4096,6144,8192
-#   4 ...             convert:512 ppl:512:8192:8 ...
-# Plan one default convert per call: with the default ASQ fit (k-means on the CPU) one took ~500 s on an H100 machine
-# whose cores were also building the backend (docs/data/smollm2/gpu-8k.md). A step cut by LIMIT leaves its file
-# unfinished; the next call's same step starts it again (convert) or skips it when its JSON exists (ppl).
+#   1 carry .gpu/c1:  LIMIT=570 bash scripts/gpu/smol_8k.sh stage1 waitbuild   (the build alone on the machine)
+#   2 carry .gpu/c2:  LIMIT=570 bash scripts/gpu/smol_8k.sh model waitbuild convert:1024 docqa:1024
+#   3 (no carry):     LIMIT=560 bash scripts/gpu/smol_8k.sh ppl:1024:8192:8 needle:1024:6144,8192 ...
+#   4 ...             convert:512 ppl:512:8192:8, convert:1024-full8k ...
+# The build takes 8-12 min on the 16 cores; a convert timed with the build beside it is slowed by it (its ASQ
+# k-means runs on the CPU), so wait for the build first. A step cut by LIMIT leaves its file unfinished; the next
+# call's same step starts it again (convert) or skips it when its JSON exists (ppl, docqa).
 # Steps:
 #   stage1                 WORK gets partA, the sdist, the wheels (installed into WORK/site); imports checked; the
 #                          CUDA backend build started in its own session (setsid, nice 19: converts run beside it),
 #                          log WORK/build.log
 #   build                  the CUDA backend build itself (stage1 runs it in the background)
 #   model                  partA + partB -> the GGUF (sha256 checked) -> HF checkpoint WORK/smol (bf16); data unpacked
-#   convert:K              dsa convert WORK/smol WORK/smol-kK.gguf --top-k K --calib books-calib --device cuda --json
-#                          (every other option the default: the plan picks context and recipe within the GPU budget)
+#   convert:K[-TAG]        dsa convert WORK/smol WORK/smol-kK[-TAG].gguf --top-k K --calib books-calib --device cuda
+#                          --json, every other option the default (the plan picks context and recipe within the GPU
+#                          budget); TAG full8k adds --calib-ctx 8192 --time-budget 0 (the full recipe at 8K). The
+#                          steps below take the same K[-TAG] to name the file
 #   waitbuild              wait for the background build (at most the time left)
 #   ppl:K:CTX:CHUNKS[:TK]  dsa eval WORK/smol-kK.gguf on WikiText-2 test, sparse --kld and local --kld (run-time
 #                          --top-k TK if given); JSON WORK/ppl-kK-cCTX[-tTK]-{sparse,local}.json
 #   needle:K:LENGTHS[:TRIALS[:ATTN]]  dsa eval --needle passkey (junk filler), 10 depths, TRIALS prompts (default 10),
 #                          ATTN (default dense,sparse,local); JSON WORK/needle-kK-....json
+#   docqa:K[:DOCS:RECORDS] scripts/bench/docqa.py on WORK/smol-kK.gguf: DOCS documents (default 3) of 7,000 tokens of
+#                          WikiText-2 test with RECORDS records each (default 20), dense / sparse / local-only;
+#                          JSON WORK/docqa-kK.json
 # Environment: WORK (default /tmp/w), LIMIT (seconds for this call's steps, default 580), OUT (results: OUT/res-N.tgz
 # with WORK's *.json / *.err / *.log, N the call's start time).
 set -uo pipefail
@@ -85,9 +90,11 @@ for m in ('typer', 'rich', 'sklearn', 'gguf', 'diskcache', 'safetensors', 'token
     gunzip -c .gpu/c2/wiki.test.raw.gz > "$W/wiki.test.raw"; gunzip -c .gpu/c2/books-calib.txt.gz > "$W/calib.txt"
     ls -la "$W/smol" ;;
   convert)
-    f=$W/smol-k$a.gguf
-    [ -f "$f" ] || { /usr/bin/time -v python3 -m dsa_convert.cli convert "$W/smol" "$f" --top-k "$a" \
-        --calib "$W/calib.txt" --device cuda --json > "$W/convert-k$a.json" 2> "$W/convert-k$a.err"; echo "rc $?"; }
+    f=$W/smol-k$a.gguf; k=${a%%-*}; extra=()
+    case $a in *-full8k) extra=(--calib-ctx 8192 --time-budget 0) ;; *-*) echo "unknown convert tag in $a"; continue ;; esac
+    [ -f "$f" ] || { /usr/bin/time -v timeout "$(left)" python3 -m dsa_convert.cli convert "$W/smol" "$f" --top-k "$k" \
+        --calib "$W/calib.txt" --device cuda --json "${extra[@]}" > "$W/convert-k$a.json" 2> "$W/convert-k$a.err"
+      echo "rc $?"; nvidia-smi --query-gpu=memory.used --format=csv,noheader; }
     grep -v '^{' "$W/convert-k$a.err" | grep -iv "progress" | tail -25 | cut -c1-300
     python3 -c "import json,sys; r=json.load(open(sys.argv[1])); c=r.get('calibration') or r.get('dsa',{}).get('calibration') or {}
 print({k: r.get(k) for k in ('seconds','peak_rss_mib','peak_gpu_mib')}); print(json.dumps(c)[:1500])" "$W/convert-k$a.json" ;;
@@ -104,6 +111,12 @@ print({k: r.get(k) for k in ('seconds','peak_rss_mib','peak_gpu_mib')}); print(j
     timeout "$(left)" python3 -m dsa_convert.cli eval "$f" --needle passkey --lengths "$b" --depths 10 \
       --trials "${c:-10}" --attn "$attn" --json > "$W/needle-$tag.json" 2> "$W/needle-$tag.err"
     echo "rc $?"; tail -c 1500 "$W/needle-$tag.json"; echo; tail -3 "$W/needle-$tag.err" | cut -c1-300 ;;
+  docqa)
+    f=$W/smol-k$a.gguf
+    [ -s "$W/docqa-k$a.json" ] || timeout "$(left)" python3 scripts/bench/docqa.py "$f" --text "$W/wiki.test.raw" \
+      --docs "${b:-3}" --records "${c:-20}" --doc-tokens 7000 --attn dense,sparse,local --out "$W/docqa-k$a.json" \
+      2> "$W/docqa-k$a.err"
+    echo "rc $?"; tail -8 "$W/docqa-k$a.err" | cut -c1-300 ;;
   *) echo "unknown step $s" ;;
   esac
 done
