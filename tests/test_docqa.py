@@ -105,3 +105,10 @@ def test_bad_sizes_raise():
         docqa.build_document(paragraphs(), 0, 1000, words, random.Random(0))
     with pytest.raises(ValueError):
         docqa.build_document(["One paragraph."], 3, 1000, words, random.Random(0))
+
+
+def test_asked_spreads_over_depth():
+    recs = [docqa.Record(f"N{i}", 10000 + i, i / 10) for i in range(10)]
+    assert docqa.asked(recs, None) == recs and docqa.asked(recs, 12) == recs
+    assert [r.name for r in docqa.asked(recs, 4)] == ["N0", "N3", "N6", "N9"]
+    assert [r.name for r in docqa.asked(recs, 1)] == ["N9"]

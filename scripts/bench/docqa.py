@@ -14,7 +14,7 @@ correct when its first integer is the record's number (eval/needle.is_hit). The 
 and against dense the share of questions answered with the same text and with the same correctness; per question
 the record's distance in tokens from the end of the prompt (local-only attention can see only the last `local`).
 
-    python3 scripts/bench/docqa.py FILE.gguf [--text wiki.test.raw] [--docs 3 --records 20 --doc-tokens 7000] \
+    python3 scripts/bench/docqa.py FILE.gguf [--text wiki.test.raw] [--docs 3 --records 20 --doc-tokens 7000 --ask N] \
         [--attn dense,sparse,local] [--top-k K] [--ctx N] [--seed 0] [--max-new 40] [--n-gpu-layers N] \
         [--threads N] [--out docqa.json]
 
@@ -165,6 +165,13 @@ def user_turn(doc: Document, record: Record) -> str:
     return f"{INSTRUCTION}\n\nDocument:\n{doc.text}\n\nQuestion: {QUESTION.format(name=record.name)}"
 
 
+def asked(records: list[Record], n: int | None) -> list[Record]:
+    """n of the records spread evenly over depth (all of them when n is None or >= their number)."""
+    if n is None or n >= len(records):
+        return list(records)
+    return [records[round(i * (len(records) - 1) / max(1, n - 1))] for i in range(n)] if n > 1 else [records[-1]]
+
+
 def build_set(paragraphs: list[str], *, docs: int, records: int, doc_tokens: int,
               count_tokens: Callable[[str], int], seed: int) -> list[Document]:
     rng = random.Random(seed)
@@ -179,6 +186,8 @@ def parse_args(argv):
     ap.add_argument("--docs", type=int, default=3)
     ap.add_argument("--records", type=int, default=20, help="records (= questions) per document")
     ap.add_argument("--doc-tokens", type=int, default=7000)
+    ap.add_argument("--ask", type=int, default=None, help="questions per document: that many of its records, spread "
+                    "evenly over depth (default: every record)")
     ap.add_argument("--attn", default="dense,sparse,local")
     ap.add_argument("--top-k", type=int, default=None, help="run-time indexer budget (default: the file's)")
     ap.add_argument("--ctx", type=int, default=None, help="context cells (default: the file's trained context)")
@@ -193,8 +202,8 @@ def parse_args(argv):
 def check_args(a) -> list[str]:
     from dsa_convert.errors import BadInputError
 
-    for name in ("docs", "records", "doc_tokens", "max_new"):
-        if getattr(a, name) < 1:
+    for name in ("docs", "records", "doc_tokens", "max_new", "ask"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
             raise BadInputError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(a, name)})")
     modes = [m.strip().lower() for m in a.attn.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("dense", "sparse", "local")]
@@ -231,7 +240,7 @@ def run(a) -> dict:
     log = lambda msg: print(f"docqa: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     docs: list[Document] = []
     prompts: list[tuple[int, Record, list[int], int]] = []   # (doc, record, prompt tokens, distance)
-    report: dict = {"model": a.gguf.name, "text": str(text_path), "ctx": n_ctx, "docs": a.docs, "records": a.records,
+    report: dict = {"model": a.gguf.name, "text": str(text_path), "ctx": n_ctx, "docs": a.docs, "records": a.records, "ask": a.ask,
                     "doc_tokens_target": a.doc_tokens, "seed": a.seed, "max_new": a.max_new, "attn": modes,
                     "top_k_override": a.top_k, "n_gpu_layers": ngl, "modes": {}, "questions": []}
     answers: dict[str, list[str]] = {}
@@ -249,7 +258,7 @@ def run(a) -> dict:
                 except ValueError as e:
                     raise BadInputError(f"{text_path}: {e}") from None
                 for di, d in enumerate(docs):
-                    for rc in d.records:
+                    for rc in asked(d.records, a.ask):
                         text = chat_prompt(llm, a.gguf, chat_messages(user_turn(d, rc)))
                         toks = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
                         if len(toks) + a.max_new > n_ctx:
