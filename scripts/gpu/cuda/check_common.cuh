@@ -19,6 +19,19 @@
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(2); } } while (0)
 
+// The kernel headers launch through ggml's ggml_cuda_kernel_launch (ggml-cuda/common.cuh), whose two host helpers are
+// defined in ggml-cuda.cu: these definitions stand in for them in a check, which does not link ggml (the checks
+// that include no kernel header just do not call them)
+[[noreturn]] void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
+    fprintf(stderr, "CUDA error %s in %s at %s:%d: %s\n", msg, func, file, line, stmt);
+    exit(2);
+}
+int ggml_cuda_get_device() {
+    int id = 0;
+    CK(cudaGetDevice(&id));
+    return id;
+}
+
 // xorshift64: the same sequence on every machine (the checks' inputs are reproducible)
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static inline uint64_t rng() { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return rng_state; }

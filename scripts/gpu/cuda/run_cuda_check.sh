@@ -16,10 +16,13 @@
 #
 #   bash scripts/gpu/cuda/run_cuda_check.sh CHECK [OUTDIR] [--quick] [--compile-only]
 #
-# The kernel headers are taken from $CHECK_HEADER_DIR (a ggml-cuda source dir) or $CHECK_HEADER (a file of that
-# name) if set, else extracted from the new-file hunks of patches/llama.cpp/*.patch (or of the diff/patch files in
-# $CHECK_PATCHES). nvcc: $NVCC or the one on PATH
-# or /usr/local/cuda/bin/nvcc; architecture $CUDA_ARCH (default sm_90).
+# The kernel headers include ggml-cuda/common.cuh (they launch through ggml's ggml_cuda_kernel_launch and its PDL
+# helpers), so a check compiles against a whole patched llama.cpp source tree: $CHECK_LLAMA_DIR if set (e.g. a git
+# tree with the series applied), else the llama-cpp-python sdist's vendor/llama.cpp ($DSA_SDIST, else the backend
+# cache's or PyPI's: dsa_convert.backend.build.find_sdist) patched with patches/llama.cpp/*.patch (or the diff/patch
+# files in $CHECK_PATCHES) in a temporary directory. check_common.cuh defines the two host helpers of ggml-cuda.cu
+# that the launch helper calls. nvcc: $NVCC or the one on PATH or /usr/local/cuda/bin/nvcc (its toolkit must have
+# cuBLAS's headers, which common.cuh includes); architecture $CUDA_ARCH (default sm_90).
 # Writes OUTDIR/CHECK_check (binary) and OUTDIR/CHECK_check.txt; exit status of the check (0: all cases pass).
 # Runtime on an H200: topk compiles in ~40 s and runs 1-2 min (--quick ~20 s); sattn ~10 s + a few seconds; lid
 # ~10 s + a few seconds.
@@ -27,11 +30,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 CHECK=${1:?usage: run_cuda_check.sh topk|sattn|lid|lip|latency [OUTDIR] [--quick] [--compile-only]}; shift
 case $CHECK in
-  topk)  HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh top-k-radix-cluster.cuh top-k-radix-rows.cuh" ;;
-  sattn) HEADERS="top-k-key.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-sparse-attn-kernels.cuh dsa-sparse-attn-tc.cuh" ;;
-  lid)   HEADERS="top-k-key.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh" ;;
-  lip)   HEADERS="top-k-key.cuh dsa-lid-rope.cuh dsa-lightning-indexer-decode.cuh dsa-lightning-indexer-prefill.cuh dsa-lightning-indexer-tc.cuh dsa-lightning-indexer-mma.cuh" ;;
-  latency) HEADERS="top-k-key.cuh top-k-radix.cuh top-k-radix-persist.cuh" ;;
+  topk|sattn|lid|lip|latency) ;;
   *) echo "unknown check $CHECK (topk, sattn, lid, lip or latency)" >&2; exit 2 ;;
 esac
 OUTDIR=${1:-/tmp/${CHECK}_check}; shift || true
@@ -41,31 +40,28 @@ for a in "$@"; do
 done
 [ "$CHECK" = sattn ] || [ "$CHECK" = lip ] && QUICK=""   # one size only
 mkdir -p "$OUTDIR"
-HDIR=$(mktemp -d)
-trap 'rm -rf "$HDIR"' EXIT
-for HEADER in $HEADERS; do
-  if [ -n "${CHECK_HEADER_DIR:-}" ]; then
-    cp "$CHECK_HEADER_DIR/$HEADER" "$HDIR/$HEADER"
-  elif [ -n "${CHECK_HEADER:-}" ] && [ "$(basename "$CHECK_HEADER")" = "$HEADER" ]; then
-    cp "$CHECK_HEADER" "$HDIR/$HEADER"
-  else
-    # shellcheck disable=SC2086
-    for p in ${CHECK_PATCHES:-$REPO/patches/llama.cpp/*.patch}; do
-      awk -v h="+++ b/ggml/src/ggml-cuda/$HEADER" '$0 == h {on=1; next}
-           on && /^diff --git / {exit}
-           on && /^\+/ {print substr($0, 2)}' "$p" > "$HDIR/$HEADER"
-      [ -s "$HDIR/$HEADER" ] && break
-    done
-  fi
-  if [ ! -s "$HDIR/$HEADER" ]; then
-    echo "$HEADER not found: the llama.cpp patch has no ggml/src/ggml-cuda/$HEADER and neither CHECK_HEADER_DIR nor CHECK_HEADER provides it" >&2
-    exit 2
-  fi
-done
+if [ -n "${CHECK_LLAMA_DIR:-}" ]; then
+  LDIR=$CHECK_LLAMA_DIR
+else
+  TDIR=$(mktemp -d)
+  trap 'rm -rf "$TDIR"' EXIT
+  SDIST=${DSA_SDIST:-$(cd "$REPO" && python3 -c "from dsa_convert.backend.build import BuildConfig, find_sdist; print(find_sdist(BuildConfig()))")}
+  tar xzf "$SDIST" -C "$TDIR"
+  LDIR=$(echo "$TDIR"/llama_cpp_python-*/vendor/llama.cpp)
+  # shellcheck disable=SC2086
+  for p in ${CHECK_PATCHES:-$REPO/patches/llama.cpp/*.patch}; do
+    patch -d "$LDIR" -p1 --forward --batch --quiet -i "$p"
+  done
+fi
+if [ ! -f "$LDIR/ggml/src/ggml-cuda/top-k-radix.cuh" ]; then
+  echo "$LDIR is not a patched llama.cpp tree (no ggml/src/ggml-cuda/top-k-radix.cuh)" >&2
+  exit 2
+fi
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 echo "== nvcc: $NVCC ($("$NVCC" --version | tail -1)), arch ${CUDA_ARCH:-sm_90}"
 s=$(date +%s)
-"$NVCC" -O3 -std=c++17 -arch="${CUDA_ARCH:-sm_90}" -I"$HDIR" "$REPO/scripts/gpu/cuda/${CHECK}_check.cu" -o "$OUTDIR/${CHECK}_check"
+"$NVCC" -O3 -std=c++17 -arch="${CUDA_ARCH:-sm_90}" -I"$LDIR/ggml/src/ggml-cuda" -I"$LDIR/ggml/src" -I"$LDIR/ggml/include" \
+  "$REPO/scripts/gpu/cuda/${CHECK}_check.cu" -o "$OUTDIR/${CHECK}_check"
 echo "== compiled in $(( $(date +%s) - s )) s: $OUTDIR/${CHECK}_check"
 [ "$COMPILE_ONLY" = 1 ] && exit 0
 set +e
