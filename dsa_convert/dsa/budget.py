@@ -18,7 +18,7 @@ from ..kernels_ref.sparse_attention import DsaAttention
 from .asq_fit import kmeans
 from .calib import RECIPES
 from .indexer_train import LayerCalib, init_indexer, train_layer
-from .split import COARSE_LOCAL_FRACTIONS, COARSE_SINKS, LOCAL_FRACTIONS, SINK_CANDIDATES
+from .split import COARSE_LOCAL_FRACTIONS, COARSE_SINKS, LOCAL_FRACTIONS, SINK_CANDIDATES, head_nll_sum
 
 # seconds the retrofit may take when --time-budget is not given: the targets for an 8K model of ~135M
 # parameters (30 min on a 2-core CPU, 3 min on one GPU); a bigger model or machine states its own budget
@@ -93,9 +93,8 @@ def _forward_costs(model, ctx: int, top_k: int, cfg, dev: str):
     sparse, _ = _timed(lambda: model.layer(0, h, pos, attention=att), dev)
     n = max(1, ctx // HEAD_PROBE_SHARE)
 
-    def head():
-        lp = torch.log_softmax(model.head(h[:n]).double(), -1)
-        return float(lp[:, 0].sum())
+    def head():         # as the split search scores a chunk: the LM head and log-softmax over row blocks
+        return head_nll_sum(model, h[:n + 1], toks[:n + 1], 0)
 
     head_s, _ = _timed(head, dev)
     return fwd, sparse, head_s * ctx / n, LayerCalib(x[None], q[None], k[None], hp.kq_scale)

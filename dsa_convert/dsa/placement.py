@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from ..kernels_ref.sparse_attention import DsaAttention
-from .split import nll_sum
+from .split import head_nll_sum
 
 SEARCHES = ("greedy", "oneshot")
 
@@ -46,7 +46,7 @@ def _attention(model, indexers: dict, full, *, top_k: int, sink: int, local: int
 @torch.no_grad()
 def layout_nlls(model, tokens: torch.Tensor, indexers: dict, full, candidates=(), *, top_k: int, sink: int,
                 local: int, select: str = "token", block_size: int = 64) -> tuple[float, dict[int, float]]:
-    """Held-out NLL (positions >= top_k, split.nll_sum) of the layout ``full`` and, for each layer c of
+    """Held-out NLL (positions >= top_k, split.head_nll_sum) of the layout ``full`` and, for each layer c of
     ``candidates`` (full layers other than 0), of ``full`` without c; see the module docstring."""
     full = set(full)
     if not set(candidates) <= full - {0}:
@@ -62,9 +62,9 @@ def layout_nlls(model, tokens: torch.Tensor, indexers: dict, full, candidates=()
         for il in range(model.hp.n_layer):
             if il in tot:
                 alt = _attention(model, indexers, full - {il}, **kw).resume(base)
-                tot[il] += nll_sum(model.head(model.layers_from(il, h, pos, alt)), row, start)[0]
+                tot[il] += head_nll_sum(model, model.layers_from(il, h, pos, alt), row, start)[0]
             h = model.layer(il, h, pos, base)
-        t, n = nll_sum(model.head(h), row, start)
+        t, n = head_nll_sum(model, h, row, start)
         tot[None] += t
         cnt += n
     mean = {c: v / max(cnt, 1) for c, v in tot.items()}

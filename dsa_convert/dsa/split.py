@@ -26,23 +26,44 @@ COARSE_LOCAL_FRACTIONS = (0.5, 0.875)
 COARSE_SINKS = (1,)
 
 
+NLL_ROWS = 256     # rows of logits at a time: SmolLM2's vocabulary 49,152 x 256 rows is 48 MiB in float32, 96 MiB in
+                   # float64 (the whole [2K, vocab] chunk in float64 was 768 MiB, twice: the cast and the log-softmax)
+
+
 @torch.no_grad()
-def nll_sum(lg: torch.Tensor, row: torch.Tensor, start: int) -> tuple[float, int]:
+def nll_sum(lg: torch.Tensor, row: torch.Tensor, start: int, rows: int | None = None) -> tuple[float, int]:
     """(summed next-token NLL in nats, positions) of one chunk's logits lg [T, vocab] over positions >= start."""
-    tgt = row[start + 1:].to(lg.device)
+    return head_nll_sum(None, lg, row, start, rows)
+
+
+@torch.no_grad()
+def head_nll_sum(model, h: torch.Tensor, row: torch.Tensor, start: int,
+                 rows: int | None = None) -> tuple[float, int]:
+    """(summed next-token NLL in nats, positions) over positions >= start of one chunk whose last hidden states are
+    h [T, n_embd], the LM head (model.head) applied ``rows`` (default NLL_ROWS) rows at a time; model None: h holds
+    the logits already. Each row's log-softmax is its own, so blocks of given logits give the values of one
+    [T, vocab] float64 log-softmax; only the sum's order differs (float64 rounding). The head's float32 matmul over a
+    block equals the whole matrix's rows where the BLAS computes a row the same way at any row count (MKL on this
+    project's CPU: blocks of 64 rows and more, bit for bit; 1 or 7 rows differ by float32 rounding)."""
+    tgt = row[start + 1:].to(h.device)
+    rows = rows or NLL_ROWS
     tot = 0.0
-    for a in range(start, lg.shape[0] - 1, 2048):           # float64 a block of rows at a time: [32K, vocab] is 4 GB
-        lp = torch.log_softmax(lg[a:min(a + 2048, lg.shape[0] - 1)].double(), -1)
-        tot += float(-lp.gather(1, tgt[a - start:a - start + lp.shape[0], None]).sum())
+    for a in range(start, h.shape[0] - 1, rows):
+        b = min(a + rows, h.shape[0] - 1)
+        lg = h[a:b] if model is None else model.head(h[a:b])
+        lp = torch.log_softmax(lg.double(), -1)
+        tot += float(-lp.gather(1, tgt[a - start:b - start, None]).sum())
+        del lg, lp
     return tot, tgt.numel()
 
 
 @torch.no_grad()
 def calib_nll(model, tokens: torch.Tensor, attention, start: int) -> float:
-    """Mean next-token NLL (nats) over positions >= start of each chunk in tokens [N, T]."""
+    """Mean next-token NLL (nats) over positions >= start of each chunk in tokens [N, T] (the LM head over row
+    blocks: never a [T, vocab] logits matrix)."""
     tot, cnt = 0.0, 0
     for row in tokens:
-        t, n = nll_sum(model.forward(row, attention=attention), row, start)
+        t, n = head_nll_sum(model, model.forward(row, attention=attention, hidden=True), row, start)
         tot, cnt = tot + t, cnt + n
     return tot / max(cnt, 1)
 
