@@ -19,8 +19,9 @@
 #   2 carry .gpu/c2:  LIMIT=570 bash scripts/gpu/smol_8k.sh model waitbuild convert:1024 docqa:1024
 #   3 (no carry):     LIMIT=560 bash scripts/gpu/smol_8k.sh ppl:1024:8192:8 needle:1024:6144,8192 ...
 #   4 ...             convert:512 ppl:512:8192:8, convert:1024-full8k ...
-# The build takes 8-12 min on the 16 cores; a convert timed with the build beside it is slowed by it (its ASQ
-# k-means runs on the CPU), so wait for the build first. A step cut by LIMIT leaves its file unfinished; the next
+# The build takes 6 min alone on the 16 cores of an H100 machine (12 with a convert beside it, which it slows: the
+# ASQ k-means runs on the CPU), so wait for it before a convert. Step times on an H100 (docs/data/smollm2/gpu-8k.md):
+# default convert:1024 ~170 s, convert:1024-full8k ~330 s, docqa ~50 s, ppl at 8K ~70 s a mode, needle 8K ~80 s. A step cut by LIMIT leaves its file unfinished; the next
 # call's same step starts it again (convert) or skips it when its JSON exists (ppl, docqa).
 # Steps:
 #   stage1                 WORK gets partA, the sdist, the wheels (installed into WORK/site); imports checked; the
