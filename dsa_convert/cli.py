@@ -119,7 +119,7 @@ def convert(
     time_budget: Optional[float] = typer.Option(None, "--time-budget", help="seconds the retrofit may take: picks the "
                                                 "calibration context and recipe (default 1800 on a CPU, 180 on a GPU; 0: none)"),
     memory_budget: Optional[float] = typer.Option(None, "--memory-budget", help="GiB the calibration activations may "
-                                                  "take (default: half the free memory, on a CPU at most 2)"),
+                                                  "take (default: half the free memory, on a CPU at most 1.5)"),
     steps: Optional[int] = typer.Option(None, help="indexer training steps per layer and phase" + _RECIPE),
     query_rows: Optional[int] = typer.Option(None, "--query-rows", help="query rows per training step" + _RECIPE),
     split_search: Optional[str] = typer.Option(None, "--split-search", help="full | coarse sink/local search" + _RECIPE),

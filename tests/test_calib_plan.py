@@ -94,7 +94,7 @@ def test_no_budget_is_the_full_recipe_at_the_model_context_with_an_estimate():
 
 
 def test_memory_budget():
-    assert memory_budget("cpu", free_bytes=64 << 30) == 2 << 30          # a CPU: at most DEFAULT_CPU_MEMORY
+    assert memory_budget("cpu", free_bytes=64 << 30) == 1536 << 20       # a CPU: at most DEFAULT_CPU_MEMORY
     assert memory_budget("cpu", free_bytes=2 << 30) == 1 << 30           # or half the free memory
     assert memory_budget("cpu", given=5 << 30) == 5 << 30
     # the chunks drop to fit it, then (no budget, no given context) the context halves
@@ -133,7 +133,7 @@ def test_sparse_phase_keeps_what_the_memory_budget_holds(tiny, calib, monkeypatc
     one = {}
 
     def one_group(hp, types, plan, dev):
-        one["bytes"] = retrofit._group_bytes(hp, plan, 1)
+        one["bytes"] = retrofit._kept_bytes(hp, plan, 1)
         return one["bytes"]
     monkeypatch.setattr(retrofit, "_keeps_pass_a_data", one_group)
     calls: list[int] = []

@@ -73,3 +73,27 @@ def test_split_search_never_builds_whole_logits(ref, monkeypatch):
     dense = sum(_one_shot(ref, row, 24) for row in tokens) / (2 * (96 - 24 - 1))
     assert rep["dense_nll"] == pytest.approx(dense, rel=1e-8, abs=0)
     assert len({c["nll"] for c in rep["candidates"]}) > 1 and math.isfinite(rep["best_ppl"])
+
+
+def test_sparse_phase_keeps_x_only(ref):
+    """The sparse phase keeps a layer's attention input x alone (the budget counts x's bytes), and q / k projected
+    from it again are the first pass's bit for bit."""
+    from dsa_convert.dsa import retrofit
+    from dsa_convert.dsa.calib import CalibPlan
+
+    hp = ref.hp
+    plan = CalibPlan(ctx=64, n_train=3, n_held=1, reason="given", bytes_per_token=1)
+    x_bytes = 4 * 3 * 64 * hp.n_embd
+    assert retrofit._kept_bytes(hp, plan, 1) == x_bytes
+    assert retrofit._kept_bytes(hp, plan, 2) == x_bytes + 4 * 3 * 64 * (hp.n_head + hp.n_head_kv) * hp.head_dim
+    types = [True] * hp.n_layer
+    assert [retrofit._kept_layers(hp, types, plan, n * x_bytes) for n in range(hp.n_layer + 1)] == \
+        list(range(hp.n_layer + 1))
+    assert retrofit._kept_layers(hp, types, plan, hp.n_layer * x_bytes - 1) == hp.n_layer - 1
+    pos = torch.arange(64)
+    h = ref.embed(torch.randint(3, hp.vocab_size, (3, 64), generator=torch.Generator().manual_seed(2)))
+    train, held, _ = retrofit._group_pass(ref, 1, 2, h, pos, 3, {})
+    kept = retrofit._keep(train)
+    assert kept.q is None and kept.k is None and kept.x is train.x
+    back = retrofit._unkeep(ref, 1, kept, pos)
+    assert torch.equal(back.q, train.q) and torch.equal(back.k, train.k) and back.x is train.x

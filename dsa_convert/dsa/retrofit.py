@@ -15,9 +15,10 @@ layers).
 The main model is frozen and run with the reference forward (kernels_ref.model.RefModel), one layer
 at a time over all calibration chunks, each layer once per pass (a group's shared layers in the same
 forward that collects their q/k); the hidden states and the current group's x/q/k stay on the
-training device (on a GPU this avoids a host-to-device copy per training step). When every layer's activations fit in
-memory beside that, the sparse phase after the split search reuses them instead of a second pass over the model (on
-a 2-core CPU at 32K that pass is most of the phase). K prototypes are in
+training device (on a GPU this avoids a host-to-device copy per training step). The sparse phase after the split search
+reuses the first pass's attention inputs x of the layers the memory budget holds (from layer 0; their q and k are
+projected from x again, the same values) instead of a second pass over the model (on a 2-core CPU at 32K that pass is
+most of the phase), and runs the frozen model only from the first layer not kept. K prototypes are in
 the GGUF's head layout (llama q/k rows are permuted to GGML's interleaved RoPE), as the llama.cpp KV
 cache holds them.
 """
@@ -190,6 +191,29 @@ def _group_bytes(hp, plan, members: int) -> int:
     return 4 * plan.n_train * plan.ctx * (hp.n_embd + members * (hp.n_head + hp.n_head_kv) * hp.head_dim)
 
 
+def _kept_bytes(hp, plan, members: int) -> int:
+    """float32 bytes the sparse phase keeps of one group (_keep): x of its full layer and q / k of its shared layers
+    (SmolLM2: x is 576 of the 1,344 floats a token has in x, q and k)."""
+    return 4 * plan.n_train * plan.ctx * (hp.n_embd + (members - 1) * (hp.n_head + hp.n_head_kv) * hp.head_dim)
+
+
+def _keep(data: LayerCalib) -> LayerCalib:
+    """What the sparse phase keeps of a group's first-pass data: the full layer's q and k are dropped (_unkeep projects
+    them from x again: the same values, as the first pass computed them from the same x)."""
+    return LayerCalib(data.x, None, None, data.scale, data.members)
+
+
+def _unkeep(model, il: int, kept: LayerCalib, pos: torch.Tensor) -> LayerCalib:
+    """The group's training data from what _keep kept: layer il's q and k from its x, chunk by chunk as in the first
+    pass (model.qkv on each chunk's x)."""
+    qs, ks = [], []
+    with torch.no_grad():
+        for x in kept.x:
+            q, k, _v, _kp = model.qkv(il, x, pos)
+            qs.append(q), ks.append(k)
+    return LayerCalib(kept.x, torch.stack(qs), torch.stack(ks), kept.scale, kept.members)
+
+
 def _keeps_pass_a_data(hp, types: list[bool], plan, dev: str) -> int:
     """Bytes of the first pass's training activations that the sparse phase may reuse instead of running the frozen
     model over the calibration chunks a second time (the same values: each chunk's forward is independent): what the
@@ -200,10 +224,10 @@ def _keeps_pass_a_data(hp, types: list[bool], plan, dev: str) -> int:
 
 
 def _kept_layers(hp, types: list[bool], plan, keep_bytes: int) -> int:
-    """How many layers' data fit ``keep_bytes`` (the groups in layer order)."""
+    """How many layers' data (_keep) fit ``keep_bytes`` (the groups in layer order)."""
     used, n = 0, 0
     for il, end in _groups(types):
-        used += _group_bytes(hp, plan, end - il)
+        used += _kept_bytes(hp, plan, end - il)
         if used > keep_bytes:
             break
         n = end
@@ -361,7 +385,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
         "none" if not pass_b else "kept from the first pass" if n_keep >= hp.n_layer else "recomputed" if n_keep == 0
         else f"kept for layers 0-{n_keep - 1}, recomputed from layer {n_keep}")
     rep["calibration"]["kept_layers"] = n_keep
-    rep["calibration"]["kept_mib"] = round(sum(_group_bytes(hp, plan, e - i) for i, e in _groups(types)
+    rep["calibration"]["kept_mib"] = round(sum(_kept_bytes(hp, plan, e - i) for i, e in _groups(types)
                                                if e <= n_keep) / 2**20)
     spaces = ("pre_rope", "post_rope") if cfg.key_space == "auto" else (cfg.key_space,)
     rope_cpu = lambda kk, pp: model.rope_keys(kk.to(model.device), pp).cpu()  # noqa: E731
@@ -383,7 +407,7 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             rep["layers"].setdefault(il, {})["heldout_kl_dense_phase" if held is not None else "train_kl_dense_phase"] \
                 = eval_kl(held if held is not None else data, w, cfg.top_k, device=dev)
         if end <= n_keep:
-            kept[il] = data
+            kept[il] = _keep(data)
         del data, held
         for j, sampler in samplers.items():
             emit({"stage": "asq_fit", "layer": j})
@@ -412,7 +436,8 @@ def run_retrofit(model_dir: Path, cfg: DsaConfig, progress: Optional[ProgressFn]
             h_resume = None
             for il, end in _groups(types):
                 if il in kept:
-                    data = kept.pop(il)
+                    with clock("calib_forward"):
+                        data = _unkeep(model, il, kept.pop(il), pos)
                 else:
                     with clock("calib_forward"):
                         data, _, h = _group_pass(model, il, end, h, pos, n_train, {})
