@@ -216,9 +216,8 @@ def make(o: SynthOptions, spec: ModelSpec | None = None) -> dict:
             src = tmp.parent / (tmp.name + ".f16.gguf")
             try:
                 n = _write_f16(src, o, spec)
-                keep = {f"blk.{il}.indexer.{t}.weight": QT.F16
-                        for il, full in enumerate(indexer_types_every(spec.n_layer, o.index_share)) if full
-                        for t in ("attn_q_b", "attn_k", "proj")}
+                keep = {f"blk.{il}.indexer.attn_qkw.weight": QT.F16
+                        for il, full in enumerate(indexer_types_every(spec.n_layer, o.index_share)) if full}
                 _run_llama_quantize(src, tmp, FORMATS["q4_k_m"], keep, None, None)
             finally:
                 src.unlink(missing_ok=True)

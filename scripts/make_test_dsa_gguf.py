@@ -23,13 +23,6 @@ except ImportError:  # pragma: no cover
     sys.exit("make_test_dsa_gguf.py needs the gguf package (pip install gguf)")
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
-INDEXER_SUFFIXES = (
-    "indexer.attn_q_b.weight",
-    "indexer.attn_k.weight",
-    "indexer.k_norm.weight",
-    "indexer.k_norm.bias",
-    "indexer.proj.weight",
-)
 
 
 def _field_value(field: "gguf.ReaderField"):
@@ -62,8 +55,9 @@ def parse_layers(spec: str | None, n_layer: int) -> list[int]:
 
 
 def make_indexer_tensors(rng: np.random.Generator, n_embd: int, heads: int, dim: int,
-                         dtype: np.dtype) -> dict[str, np.ndarray]:
-    """Random indexer weights in numpy order (the reverse of the ggml shapes in FORMAT.md)."""
+                         dtype: np.dtype, separate: bool = False) -> dict[str, np.ndarray]:
+    """Random indexer weights in numpy order (the reverse of the ggml shapes in FORMAT.md): q_b, k and proj stacked
+    in attn_qkw, or with separate=True apart (the layout of files written before 2026-12-08)."""
     s = 1.0 / np.sqrt(n_embd)
     t = {
         # ggml {n_embd, H*D} -> numpy (H*D, n_embd)
@@ -73,10 +67,12 @@ def make_indexer_tensors(rng: np.random.Generator, n_embd: int, heads: int, dim:
         "indexer.k_norm.bias": (0.1 * rng.standard_normal(dim)).astype(np.float32),
         "indexer.proj.weight": (rng.standard_normal((heads, n_embd)) * s).astype(dtype),
     }
-    # written q_b, k, proj back to back (FORMAT.md §3: the runtime multiplies them as one matrix when adjacent);
-    # drawn in the order above, so the values do not depend on the file order
-    order = ("attn_q_b.weight", "attn_k.weight", "proj.weight", "k_norm.weight", "k_norm.bias")
-    return {f"indexer.{n}": t[f"indexer.{n}"] for n in order}
+    # drawn in the order above, so the values do not depend on the layout
+    if separate:
+        return t
+    qkw = np.concatenate([t["indexer.attn_q_b.weight"], t["indexer.attn_k.weight"], t["indexer.proj.weight"]])
+    return {"indexer.attn_qkw.weight": qkw, "indexer.k_norm.weight": t["indexer.k_norm.weight"],
+            "indexer.k_norm.bias": t["indexer.k_norm.bias"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--asq-bits", type=int, choices=(4, 8), default=4, help="ASQ residual bits")
     ap.add_argument("--asq-key-space", choices=("pre_rope", "post_rope"), default="pre_rope")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--separate-projections", action="store_true",
+                    help="write q_b, k and proj as three tensors (the layout before attn_qkw) instead of one")
     args = ap.parse_args(argv)
     if not 0 <= args.asq <= 256:
         ap.error("--asq must be between 0 and 256")
@@ -185,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     mat_dtype = np.float32 if args.dtype == "f32" else np.float16
     for il in layers:
-        for suffix, arr in make_indexer_tensors(rng, n_embd, args.heads, args.dim, mat_dtype).items():
+        for suffix, arr in make_indexer_tensors(rng, n_embd, args.heads, args.dim, mat_dtype,
+                                                args.separate_projections).items():
             writer.add_tensor(f"blk.{il}.{suffix}", arr)
     if args.asq:
         n_head = int(_field_value(reader.fields[f"{arch}.attention.head_count"]))

@@ -41,9 +41,9 @@ def test_synth_file_follows_format(tiny):
         assert g.get("llama.context_length") == 2048 and g.get("llama.block_count") == 2
         assert len(g.get("tokenizer.ggml.tokens")) == 512
         for il in range(2):
-            for s in ("attn_q_b.weight", "attn_k.weight", "k_norm.weight", "k_norm.bias", "proj.weight"):
+            for s in ("attn_qkw.weight", "k_norm.weight", "k_norm.bias"):
                 assert g.has(f"blk.{il}.indexer.{s}")
-        assert g.tensors["blk.0.indexer.attn_q_b.weight"].type_name == "F16"
+        assert g.tensors["blk.0.indexer.attn_qkw.weight"].type_name == "F16"
         assert g.tensors["blk.0.attn_q.weight"].type_name == "F16"
         assert not g.has("output.weight")          # tied embeddings
     finally:
@@ -65,7 +65,7 @@ def test_synth_real_shapes_plan_the_model_tensors():
         assert ("blk.0.attn_q_norm.weight" in names) == spec.qk_norm == name.startswith(("qwen3", "tiny-qwen3"))
         assert ("output.weight" in names) != spec.tie_embeddings
         # G = 2: an indexer in layer 0, none in layer 1
-        assert "blk.0.indexer.proj.weight" in names and "blk.1.indexer.proj.weight" not in names
+        assert "blk.0.indexer.attn_qkw.weight" in names and "blk.1.indexer.attn_qkw.weight" not in names
     s = m.SHAPES["qwen2.5-7b"]
     assert (s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.vocab_size) == (28, 28, 4, 128, 152064)
 
@@ -102,8 +102,7 @@ def test_synth_q4_k_m_keeps_indexer_f16(tmp_path):
     g = GgufFile(out)
     try:
         assert g.tensors["blk.0.attn_q.weight"].type_name == "Q4_K"
-        assert g.tensors["blk.1.indexer.attn_q_b.weight"].type_name == "F16"
-        assert g.tensors["blk.1.indexer.proj.weight"].type_name == "F16"
+        assert g.tensors["blk.1.indexer.attn_qkw.weight"].type_name == "F16"
     finally:
         g.close()
 

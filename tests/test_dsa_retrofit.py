@@ -58,8 +58,8 @@ def test_retrofit_tiny_end_to_end(tiny_llama, calib_file, tmp_path, monkeypatch)
     S, L = res.kv[f"{a}.dsa.sink"][0], res.kv[f"{a}.dsa.local"][0]
     assert S + L <= 16 and L >= 1
     assert res.kv[f"{a}.dsa.asq.key_space"][0] in ("pre_rope", "post_rope")
-    assert res.tensors["blk.0.indexer.attn_q_b.weight"].shape == (16, 64)
-    assert res.tensors["blk.1.indexer.proj.weight"].shape == (2, 64)
+    assert res.tensors["blk.0.indexer.attn_qkw.weight"].shape == (16 + 8 + 2, 64)      # H*D + D + H rows, H 2, D 8
+    assert not any(n.endswith(("attn_q_b.weight", "attn_k.weight", "proj.weight")) for n in res.tensors)
     assert res.tensors["blk.0.dsa.asq_k_proto"].shape == (2, 4, 16)
     assert all(t.dtype == np.float32 for t in res.tensors.values())
     assert any(e["stage"] == "indexer_dense" for e in events) and events[-1]["stage"] == "done"

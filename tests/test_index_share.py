@@ -81,7 +81,7 @@ def test_retrofit_with_index_share_writes_indexers_on_full_layers_only(tmp_path)
     assert res["dsa"]
     g = GgufFile(out)
     assert g.indexer_types() == [True, False, True, False]
-    have = sorted(il for il in range(4) if g.has(f"blk.{il}.indexer.attn_k.weight"))
+    have = sorted(il for il in range(4) if g.has(f"blk.{il}.indexer.attn_qkw.weight"))
     assert have == [0, 2]
     st = dsa_settings_from_gguf(RefModel.from_gguf(out))
     assert st["indexer_types"] == [True, False, True, False] and sorted(st["indexers"]) == [0, 2]
@@ -221,7 +221,7 @@ def test_retrofit_with_searched_placement(tmp_path):
     g = GgufFile(out)
     types = g.indexer_types()
     assert types[0] and sum(types) == 2 and [il for il in range(4) if types[il]] == pl["full_layers"]
-    assert [il for il in range(4) if g.has(f"blk.{il}.indexer.attn_k.weight")] == pl["full_layers"]
+    assert [il for il in range(4) if g.has(f"blk.{il}.indexer.attn_qkw.weight")] == pl["full_layers"]
     ref = RefModel.from_gguf(out)
     st = dsa_settings_from_gguf(ref)
     held = calib_chunks(calib, model, 256, 3 + 1)[3:]

@@ -326,16 +326,33 @@ def test_switches_are_logged_and_bad_values_refused(tiny_dsa):
 
 
 @requires_backend
-def test_merged_indexer_projections_are_used(tiny_dsa):
-    """q_b, k and proj of the indexer lie back to back (dsa writes them so; the loader creates them so): the graph
-    multiplies them as one matrix, a tensor aliasing the three weights, for a prefill and a decode graph (the debug
-    log says so)."""
-    _, dsa = tiny_dsa
-    code = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True); m.eval([5, 6, 7]); "
-            "m.eval([8])")
-    line = "indexer q_b, k and proj multiplied as one matrix (blk.0.indexer.attn_q_b.weight+k+proj)"
-    r = subprocess.run([sys.executable, "-c", code, str(dsa)], capture_output=True, text=True)
-    assert r.returncode == 0 and line in r.stderr, r.stderr[-2000:]
+def test_switches_are_not_read_for_a_dense_model(tiny_dsa):
+    """A model without an indexer never reads the switches: an invalid value neither fails nor is logged."""
+    plain, _ = tiny_dsa
+    code = "import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], n_ctx=128, verbose=True)"
+    env = dict(os.environ, LLAMA_DSA_GATHER="sometimes", LLAMA_DSA_FUSED="2", LLAMA_DSA_INDEXER_ONLY="")
+    r = subprocess.run([sys.executable, "-c", code, str(plain)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "LLAMA_DSA_" not in r.stderr
+
+
+@requires_backend
+def test_stacked_and_separate_indexer_projections_give_the_same_logits(tiny_dsa, tmp_path):
+    """dsa writes the indexer's q_b, k and proj stacked (attn_qkw: one product per layer); files written before keep
+    them apart (three products). Same weights (same seed) in both layouts: the same logits for a prefill and a
+    token-by-token decode, and only the stacked file's graph has the one product (its node indexer_qkw-0)."""
+    plain, dsa = tiny_dsa
+    sep = tmp_path / "separate.gguf"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_dsa_gguf.py"), str(plain), str(sep),
+                    "--heads", "2", "--dim", "32", "--rope-dim", "16", "--top-k", str(TOPK), "--sink", str(SINK),
+                    "--local", str(LOCAL), "--separate-projections"], check=True, capture_output=True)
+    v = verify_module()
+    toks = np.random.default_rng(5).integers(3, 320, N)
+    for kw in ({}, {"prefill": PREFILL}):
+        stacked, separate = (v.llama_logits(str(f), toks, n_ctx=128, **kw) for f in (dsa, sep))
+        assert np.array_equal(stacked, separate)
+    assert any("indexer_qkw-0" in ln for ln in _sched_node_lines(dsa, 3))
+    assert not any("indexer_qkw-0" in ln for ln in _sched_node_lines(sep, 3))
 
 
 def _sched_node_lines(dsa: Path, n_prompt: int) -> list[str]:

@@ -164,5 +164,5 @@ def test_retrofit_smoke_two_layers(smol, tmp_path):
     assert 0 < cal["estimate_s"]["total"] and cal["measured_s"] > 0
     assert cal["probes"][0]["ctx"] == 256 and cal["probes"][0]["forward_s"] > 0
     g = GgufFile(out)
-    assert all(g.has(f"blk.{il}.indexer.attn_k.weight") and g.has(f"blk.{il}.dsa.asq_k_proto") for il in range(2))
+    assert all(g.has(f"blk.{il}.indexer.attn_qkw.weight") and g.has(f"blk.{il}.dsa.asq_k_proto") for il in range(2))
     assert int(g.get("llama.attention.indexer.top_k")) == 32 and g.get("tokenizer.chat_template")

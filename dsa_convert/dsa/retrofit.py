@@ -2,7 +2,7 @@
 
     res = run_retrofit(Path("model_dir"), DsaConfig(top_k=512, calib=Path("calib.txt")))
     res.kv       {"llama.attention.indexer.top_k": (512, GGUFValueType.UINT32), ...}
-    res.tensors  {"blk.0.indexer.attn_q_b.weight": np.ndarray [H*D, n_embd], ...}  (gguf-py order)
+    res.tensors  {"blk.0.indexer.attn_qkw.weight": np.ndarray [H*D + D + H, n_embd], ...}  (gguf-py order)
     res.report   measured numbers (losses, split candidates, ASQ errors, timings)
 
 With ``cfg.index_share`` G > 1 only ceil(n_layer / G) layers keep an indexer; the others reuse the top-k of the
@@ -36,6 +36,7 @@ import torch
 from gguf import GGUFValueType
 
 from ..errors import BadInputError
+from ..formats import indexer_layout
 from ..kernels_ref.indexer import IndexerWeights
 from ..resources import peak_rss_mib
 from .asq_fit import AsqSampler, LayerAsq, choose_key_space, fit_layer
@@ -63,12 +64,17 @@ class DsaResult:
         rope_dim = int(self.kv[f"{self.arch}.dsa.indexer.rope_dim"][0])
         eps = float(self.kv[f"{self.arch}.dsa.indexer.norm_eps"][0])
         base = float(self.report["freq_base"])
+        H = int(self.kv[f"{self.arch}.attention.indexer.head_count"][0])
+        D = int(self.kv[f"{self.arch}.attention.indexer.key_length"][0])
+        has = self.tensors.__contains__
+        get = lambda n: torch.from_numpy(self.tensors[n])  # noqa: E731
         for name in self.tensors:
-            if name.endswith(".indexer.attn_q_b.weight"):
+            if name.endswith(".indexer.k_norm.weight"):
                 il = int(name.split(".")[1])
-                t = lambda s: torch.from_numpy(self.tensors[f"blk.{il}.indexer.{s}"])  # noqa: E731
-                out[il] = IndexerWeights(t("attn_q_b.weight"), t("attn_k.weight"), t("k_norm.weight"),
-                                         t("k_norm.bias"), t("proj.weight"), rope_dim, eps, base)
+                W_q, W_k, W_w = indexer_layout.projections(has, get, il, H, D)
+                p = indexer_layout.prefix(il)
+                out[il] = IndexerWeights(W_q, W_k, get(p + "k_norm.weight"), get(p + "k_norm.bias"), W_w,
+                                         rope_dim, eps, base)
         return out
 
     def indexer_types(self) -> list[bool] | None:
@@ -118,8 +124,8 @@ def dsa_kv(arch: str, cfg: DsaConfig, sink: int, local: int, split_source: str, 
 def indexer_tensors(il: int, w: IndexerWeights) -> dict[str, np.ndarray]:
     f = lambda t: np.ascontiguousarray(t.detach().float().cpu().numpy())  # noqa: E731
     p = f"blk.{il}.indexer."
-    # q_b, k and proj back to back (FORMAT.md §3): the patched runtime then multiplies them as one matrix
-    return {p + "attn_q_b.weight": f(w.W_q), p + "attn_k.weight": f(w.W_k), p + "proj.weight": f(w.W_w),
+    # q_b, k and proj stacked in one matrix (FORMAT.md §3): the runtime computes the three with one product
+    return {p + indexer_layout.QKW: indexer_layout.stack(f(w.W_q), f(w.W_k), f(w.W_w)),
             p + "k_norm.weight": f(w.gamma), p + "k_norm.bias": f(w.beta)}
 
 

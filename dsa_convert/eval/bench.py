@@ -59,6 +59,7 @@ import numpy as np
 from ..backend.llama_log import KvCacheInfo, capture_log, parse_kv_log
 from ..backend.llama_runner import KV_TYPES, RunnerOptions, check_kv_flash_attn, default_threads, open_model
 from ..errors import BadInputError, DsaError
+from ..formats import indexer_layout
 from ..formats.gguf_read import GgufFile
 from ..resources import check_threads, peak_rss_mib
 from ..progress import task
@@ -242,7 +243,7 @@ def validate(path: Path, o: BenchOptions) -> FileInfo:
         resolved = {m: dsa_overrides(g, m, None, o.kv if m == "sparse" else "f16",
                                      o.index_keys if m == "sparse" else None) for m in o.attn}
         top_k = g.get(f"{arch}.attention.indexer.top_k")
-        n_idx = sum(1 for il in range(g.layer_count()) if g.has(f"blk.{il}.indexer.attn_k.weight"))
+        n_idx = sum(1 for il in range(g.layer_count()) if indexer_layout.has_indexer(g.has, il))
     finally:
         g.close()
     if n_train and not o.force:

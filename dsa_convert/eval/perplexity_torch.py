@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import BadInputError
+from ..formats import indexer_layout
 from ..kernels_ref.indexer import IndexerWeights
 from ..kernels_ref.sparse_attention import DsaAttention
 from .perplexity_common import (KldAccumulator, NllAccumulator, chunk_tokens, plan_chunks, tokenize_text,
@@ -50,10 +51,11 @@ def dsa_settings_from_gguf(model) -> dict:
     R, eps = a("dsa.indexer.rope_dim", 0), a("dsa.indexer.norm_eps", 1e-6)
     for il in range(model.hp.n_layer):
         p = f"blk.{il}.indexer."
-        if model.has(p + "attn_q_b.weight"):
-            idx[il] = IndexerWeights(model.w(p + "attn_q_b.weight"), model.w(p + "attn_k.weight"),
-                                     model.w(p + "k_norm.weight"), model.w(p + "k_norm.bias"),
-                                     model.w(p + "proj.weight"), int(R), float(eps), float(model.hp.rope.base))
+        if indexer_layout.has_indexer(model.has, il):
+            W_q, W_k, W_w = indexer_layout.projections(model.has, model.w, il, int(a("attention.indexer.head_count")),
+                                                       int(a("attention.indexer.key_length")))
+            idx[il] = IndexerWeights(W_q, W_k, model.w(p + "k_norm.weight"), model.w(p + "k_norm.bias"), W_w,
+                                     int(R), float(eps), float(model.hp.rope.base))
         if model.has(f"blk.{il}.dsa.asq_k_proto"):
             protos[il] = (model.w(f"blk.{il}.dsa.asq_k_proto"), model.w(f"blk.{il}.dsa.asq_v_proto"))
     s["indexers"], s["asq_protos"] = idx, protos

@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 
 from ..errors import BadInputError
+from . import indexer_layout
 
 GGUF_MAGIC = b"GGUF"
 GGML_MAX_DIMS = 4
@@ -246,7 +247,7 @@ class GgufFile:
             raise BadInputError(f"{name}: attention.indexer.types[0] is 0 (shared) but a shared layer needs a full "
                                 "indexer layer before it")
         for il, full in enumerate(t):
-            if not full and self.has(f"blk.{il}.indexer.attn_k.weight"):
+            if not full and indexer_layout.has_indexer(self.has, il):
                 raise BadInputError(f"{name}: layer {il} is shared (attention.indexer.types) but carries indexer tensors")
         return t
 
