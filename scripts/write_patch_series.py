@@ -8,7 +8,8 @@ TREE is a llama.cpp checkout (git) whose BASE revision is the llama.cpp vendored
 dsa_convert/backend/build.py) and whose HEAD holds the project's changes, in any commits. The change BASE..HEAD is
 cut into units: a hunk of `git diff -U0`, and a hunk that only adds lines is cut further where a new top-level item
 begins (a blank line, then a line at column 0 other than a closing brace or preprocessor line; in
-tests/test-backend-ops.cpp also before an indented comment, to separate groups of test cases). SERIES below assigns
+tests/test-backend-ops.cpp also before an indented comment, to separate groups of test cases), and around each
+#if / #else / #endif line, which goes to the patch of its #if. SERIES below assigns
 every unit to one patch: a rule (path pattern, regex) whose regex matches the unit's text claims it; a unit no regex
 claims goes with the unit before it in the same hunk unless it begins a top-level item, or else to the first rule for
 its path without a regex. A unit
@@ -149,6 +150,7 @@ class Unit:
 
 
 _TOP = re.compile(r"^(?![}#\s])\S")
+_COND = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b")
 
 
 def units_of(tree: Path, base: str, head: str, path: str) -> list[Unit]:
@@ -168,7 +170,9 @@ def units_of(tree: Path, base: str, head: str, path: str) -> list[Unit]:
         indented_comment = path.endswith("test-backend-ops.cpp")
         for i, line in enumerate(ins):
             prev_blank = i > 0 and ins[i - 1].strip() == ""
-            if prev_blank and segs[-1] and (_TOP.match(line) or (indented_comment and line.lstrip().startswith("//"))):
+            cond = _COND.match(line)
+            if segs[-1] and (cond or _COND.match(segs[-1][-1]) or (prev_blank and (
+                    _TOP.match(line) or (indented_comment and line.lstrip().startswith("//"))))):
                 segs.append([])
             segs[-1].append(line)
         for j, s in enumerate(segs):
@@ -178,7 +182,15 @@ def units_of(tree: Path, base: str, head: str, path: str) -> list[Unit]:
 
 def assign(units: list[Unit]) -> list[Unit]:
     unclaimed = []
+    conds: list[int] = []                   # patches of the open #if units of inserted code
     for i, u in enumerate(units):
+        d = _COND.match(u.lines[0]) if u.n_del == 0 and len(u.lines) == 1 else None
+        opens = d is not None and d.group(1) in ("if", "ifdef", "ifndef")
+        if d and not opens and conds:
+            u.patch = conds[-1]             # #else / #elif / #endif go with the #if they belong to
+            if d.group(1) == "endif":
+                conds.pop()
+            continue
         for k, p in enumerate(SERIES):
             if any(fnmatch.fnmatch(u.path, g) and rx and re.search(rx, u.text, re.M) for g, rx in p.rules):
                 u.patch = k
@@ -194,6 +206,8 @@ def assign(units: list[Unit]) -> list[Unit]:
                 break
         if u.patch < 0:
             unclaimed.append(u)
+        elif opens:
+            conds.append(u.patch)
     if unclaimed:
         raise SystemExit("error: changes in no patch of the series: " +
                          ", ".join(f"{u.path}:{u.start + 1}" for u in unclaimed))

@@ -64,3 +64,21 @@ def test_a_change_no_rule_claims_is_an_error(tree, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="changes in no patch of the series: new.h"):
         wps.main([str(tree), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_an_if_block_split_over_patches_keeps_its_else_and_endif_with_the_if(tmp_path, monkeypatch):
+    d = tmp_path / "tree"
+    d.mkdir()
+    git(d, "init", "-q")
+    (d / "k.cu").write_text("int a;\n")
+    git(d, "add", "-A")
+    git(d, "commit", "-qm", "base")
+    git(d, "tag", "base")
+    (d / "k.cu").write_text("int a;\n#if !defined(HIP)\nint core(void) { return 1; }\n\nint fast_sel(void) { return 2; }\n"
+                            "#else\nint core(void) { return 0; }\n\nint fast_sel(void) { return 0; }\n#endif\n")
+    git(d, "commit", "-qam", "head")
+    monkeypatch.setattr(wps, "SERIES", [wps.Patch("0001-core.patch", "core\n", [("k.cu", None)]),
+                                        wps.Patch("0002-fast.patch", "fast\n", [("k.cu", r"fast_sel")])])
+    assert wps.main([str(d), "--out", str(tmp_path / "out"), "--branch", "s"]) == 0
+    first = git(d, "show", "s~1:k.cu")
+    assert "fast_sel" not in first and first.count("#if") == first.count("#endif") == 1 and "#else" in first
